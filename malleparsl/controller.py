@@ -1,0 +1,242 @@
+"""The controller: events in, rescale plans out. One copy, used live and in the simulator.
+
+The live executor and the trace-replay simulator both feed the controller the same events —
+nodes appear or vanish, jobs arrive, report progress, finish — with their own notion of "now"
+(wall clock or simulated clock), and call :meth:`Controller.replan` to obtain the
+:class:`~malleparsl.model.RescalePlan` they must carry out. The controller owns the bookkeeping
+(which nodes are usable, which jobs are admitted, who holds what); the decision itself belongs
+to an :class:`~malleparsl.allocator.base.AllocationPolicy`, and the curves it plans with come
+from a :class:`CurveAdvisor` (the user's curves, or the Job Profiling Advisor).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
+from malleparsl.errors import SpecError
+from malleparsl.model import Allocation, JobSpec, NodeId, RescalePlan
+
+log = logging.getLogger(__name__)
+
+
+class JobStatus(str, Enum):
+    QUEUED = "queued"  # submitted, not yet admitted (over the concurrency cap)
+    ACTIVE = "active"  # admitted: eligible for nodes (may hold none at a given moment)
+    DONE = "done"
+
+
+@dataclass
+class JobState:
+    """The controller's record of one job."""
+
+    spec: JobSpec
+    status: JobStatus = JobStatus.QUEUED
+    submitted_s: float = 0.0
+    admitted_s: float | None = None
+    finished_s: float | None = None
+
+
+class CurveAdvisor(ABC):
+    """Supplies, for every active job, the view (curve and bounds) the policy plans with.
+
+    The default, :class:`KnownCurves`, uses the curve in each job's spec. The Job Profiling
+    Advisor learns curves from observations instead, and may narrow a job's bounds to probe a
+    node count.
+    """
+
+    def register(self, spec: JobSpec, now_s: float) -> None:  # noqa: B027 - optional hook
+        """A job was admitted."""
+
+    def forget(self, job_id: str) -> None:  # noqa: B027 - optional hook
+        """A job finished or was withdrawn."""
+
+    def observe(self, job_id: str, n_nodes: int, samples_per_s: float, now_s: float) -> None:  # noqa: B027
+        """A measured training rate of ``job_id`` at ``n_nodes``."""
+
+    def observe_rescale(self, job_id: str, kind: str, pause_s: float) -> None:  # noqa: B027
+        """A measured rescale pause; ``kind`` is ``"up"`` or ``"down"``."""
+
+    @abstractmethod
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        """The policy's view of each active job."""
+
+
+class KnownCurves(CurveAdvisor):
+    """Plan with the curve given in each job's spec (the oracle, or a user-supplied table)."""
+
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        out = []
+        for js in jobs:
+            if js.spec.curve is None:
+                raise SpecError(
+                    f"job {js.spec.job_id!r} has no scaling curve; give JobSpec(curve=...) or "
+                    "let the Job Profiling Advisor learn it (Controller(advisor=JobProfilingAdvisor()))"
+                )
+            out.append(
+                JobView(js.spec, js.spec.curve, allocation.nodes_of(js.spec.job_id))
+            )
+        return out
+
+
+@dataclass
+class ReplanStats:
+    """What one call to :meth:`Controller.replan` cost and did."""
+
+    now_s: float
+    solve_s: float
+    jobs: int
+    nodes: int
+    plan: RescalePlan
+
+
+@dataclass
+class Controller:
+    """Bookkeeping plus a policy: the single decision loop of malleparsl.
+
+    >>> from malleparsl.allocator import make_policy
+    >>> from malleparsl.model import JobSpec, ScalingCurve
+    >>> c = Controller(policy=make_policy("equal-share"))
+    >>> c.add_nodes(["n1", "n2"], now_s=0)
+    >>> c.submit(JobSpec("j", max_nodes=4, curve=ScalingCurve((1, 2), (1.0, 2.0))), now_s=0)
+    >>> sorted(c.replan(now_s=0).start["j"])
+    ['n1', 'n2']
+    """
+
+    policy: AllocationPolicy
+    advisor: CurveAdvisor = field(default_factory=KnownCurves)
+    max_active: int | None = 10
+    tfwd_s: float = 10.0
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    nodes: dict[NodeId, float | None] = field(default_factory=dict)  # node -> known idle end
+    node_since_s: dict[NodeId, float] = field(default_factory=dict)
+    allocation: Allocation = field(default_factory=Allocation.empty)
+    history: list[ReplanStats] = field(default_factory=list)
+    keep_history: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_active is not None and self.max_active < 1:
+            raise SpecError(f"max_active must be >= 1 or None, got {self.max_active!r}")
+
+    # ---- events -------------------------------------------------------------------------
+    def add_nodes(
+        self,
+        nodes: Iterable[NodeId],
+        *,
+        now_s: float,
+        end_s: Mapping[NodeId, float] | None = None,
+    ) -> None:
+        """Nodes became usable; ``end_s`` gives known idle-end times where a scheduler says."""
+        ends = dict(end_s or {})
+        for n in nodes:
+            if n not in self.nodes:
+                self.node_since_s[n] = now_s
+            self.nodes[n] = ends.get(n, self.nodes.get(n))
+
+    def remove_nodes(self, nodes: Iterable[NodeId], *, now_s: float) -> dict[str, frozenset[NodeId]]:
+        """Nodes vanished (preempted, released). Returns ``{job: nodes it lost}``."""
+        gone = frozenset(n for n in nodes if n in self.nodes)
+        for n in gone:
+            del self.nodes[n]
+            self.node_since_s.pop(n, None)
+        lost = {
+            j: held & gone for j, held in self.allocation.assignment.items() if held & gone
+        }
+        self.allocation = self.allocation.without_nodes(gone)
+        return lost
+
+    def submit(self, spec: JobSpec, *, now_s: float) -> None:
+        if spec.job_id in self.jobs:
+            raise SpecError(f"job id {spec.job_id!r} was already submitted; job ids must be unique")
+        self.jobs[spec.job_id] = JobState(spec=spec, submitted_s=now_s)
+
+    def finish(self, job_id: str, *, now_s: float) -> frozenset[NodeId]:
+        """A job completed (or failed for good); returns the nodes it frees."""
+        js = self._job(job_id)
+        js.status, js.finished_s = JobStatus.DONE, now_s
+        freed = self.allocation.nodes_of(job_id)
+        self.allocation = self.allocation.without_jobs([job_id])
+        self.advisor.forget(job_id)
+        return freed
+
+    def observe(self, job_id: str, *, n_nodes: int, samples_per_s: float, now_s: float) -> None:
+        """A training-rate measurement from the monitor (live) or the simulator."""
+        self._job(job_id)
+        self.advisor.observe(job_id, n_nodes, samples_per_s, now_s)
+
+    def observe_rescale(self, job_id: str, *, kind: str, pause_s: float) -> None:
+        self._job(job_id)
+        self.advisor.observe_rescale(job_id, kind, pause_s)
+
+    # ---- decisions ----------------------------------------------------------------------
+    @property
+    def active_jobs(self) -> list[JobState]:
+        return [j for j in self.jobs.values() if j.status is JobStatus.ACTIVE]
+
+    def snapshot(self, now_s: float) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            now_s=now_s,
+            nodes=tuple(self.nodes),
+            node_end_s={n: e for n, e in self.nodes.items() if e is not None},
+            tfwd_s=self.tfwd_s,
+        )
+
+    def _admit(self, now_s: float) -> None:
+        active = len(self.active_jobs)
+        for js in sorted(self.jobs.values(), key=lambda j: (j.submitted_s, j.spec.submit_s)):
+            if js.status is not JobStatus.QUEUED:
+                continue
+            if self.max_active is not None and active >= self.max_active:
+                break
+            js.status, js.admitted_s = JobStatus.ACTIVE, now_s
+            self.advisor.register(js.spec, now_s)
+            active += 1
+
+    def replan(self, *, now_s: float) -> RescalePlan:
+        """Admit queued jobs, ask the policy, check its answer, and return the plan."""
+        self._admit(now_s)
+        snap = self.snapshot(now_s)
+        active = self.active_jobs
+        views = self.advisor.views(snap, active, self.allocation)
+        t0 = time.perf_counter()
+        new = self.policy.allocate(snap, views)
+        solve_s = time.perf_counter() - t0
+        new = self._checked(new, snap, views)
+        plan = self.allocation.plan_to(new)
+        self.allocation = new
+        if self.keep_history:
+            self.history.append(ReplanStats(now_s, solve_s, len(views), len(snap.nodes), plan))
+        return plan
+
+    def _checked(self, new: Allocation, snap: ClusterSnapshot, views: Sequence[JobView]) -> Allocation:
+        """Reject a policy answer that breaks the rules; keep the current allocation instead."""
+        usable = set(snap.nodes)
+        bounds = {v.job_id: (v.lo, v.hi) for v in views}
+        problems = []
+        for job, nodes in new.assignment.items():
+            if job not in bounds:
+                problems.append(f"job {job!r} is not active")
+            elif not (bounds[job][0] <= len(nodes) <= bounds[job][1]):
+                problems.append(f"job {job!r} got {len(nodes)} nodes outside {bounds[job]}")
+            if nodes - usable:
+                problems.append(f"job {job!r} got unusable nodes {sorted(nodes - usable)[:3]}")
+        if problems:
+            log.error("policy %r returned an invalid allocation (%s); keeping the current one",
+                      self.policy, "; ".join(problems))
+            return self.allocation
+        return new
+
+    def _job(self, job_id: str) -> JobState:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise SpecError(f"unknown job id {job_id!r}") from None

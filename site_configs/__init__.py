@@ -1,0 +1,1 @@
+"""malleparsl.site_configs"""

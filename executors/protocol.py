@@ -1,0 +1,67 @@
+"""The contract between the executor (which places ranks on nodes) and the apps layer (which
+trains).
+
+The executor knows nothing about torch models and the apps layer knows nothing about Parsl
+blocks: a malleable job is a picklable *entry* callable plus arguments. For every segment (one
+run of the job at one size) the executor runs ``entry(rank_info, *args, **kwargs)`` once per
+node, pinned to that node, and reads back a :class:`SegmentOutcome` from each rank.
+
+Coordination between the driver (in the executor's process) and the ranks goes through one
+``torch.distributed.TCPStore`` that the executor serves; the keys are below. The apps layer uses
+the same store (under a per-segment prefix) to form its process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+NodeId = str
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Everything one rank needs to join its segment's process group and find its checkpoint."""
+
+    job_id: str
+    segment: int  # 0, 1, 2, ... : one more at every (re)launch of the job
+    rank: int
+    world_size: int
+    node: NodeId
+    nodes: tuple[NodeId, ...]  # this segment's nodes in rank order
+    store_host: str
+    store_port: int
+    ckpt_dir: str  # shared directory for this job's checkpoints
+    options: dict[str, Any] = field(default_factory=dict)  # the job's malleable options
+
+    @property
+    def store_prefix(self) -> str:
+        """Prefix for the process group of this segment (a fresh group per segment)."""
+        return f"malleparsl/{self.job_id}/seg{self.segment}/pg"
+
+
+def stop_key(job_id: str) -> str:
+    """Driver sets this to the segment number (ASCII) that must stop at the next step boundary."""
+    return f"malleparsl/{job_id}/stop"
+
+
+def progress_key(job_id: str, segment: int) -> str:
+    """Rank 0 writes JSON ``{"step", "samples", "samples_per_s", "time"}`` here now and then."""
+    return f"malleparsl/{job_id}/seg{segment}/progress"
+
+
+@dataclass
+class SegmentOutcome:
+    """What one rank returns when its segment ends without an exception.
+
+    ``finished``: training completed; rank 0 carries ``result``. ``stopped``: a stop was
+    requested, a checkpoint was written at ``step``, and the job should be relaunched.
+    """
+
+    status: Literal["finished", "stopped"]
+    rank: int
+    step: int
+    samples: float
+    samples_per_s: float | None = None
+    result: Any = None
+    first_step_time: float | None = None  # wall time (time.time()) of this segment's first step

@@ -1,0 +1,126 @@
+"""Locating and loading the reference data: job sets with measured scaling curves.
+
+The data lives outside the package (``../shared/data`` beside the checkout, or wherever
+``MALLEPARSL_DATA`` points); every loader also takes any path a user gives it. Idle-node traces
+and facility job logs are loaded by :mod:`malleparsl.traces`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from malleparsl.errors import SpecError, TraceFormatError, unknown_name
+from malleparsl.model import JobSpec, ScalingCurve
+
+JOBSETS = {
+    "imagenet": "bftrainer-jobs/imagenet_1001.csv",
+    "shufflenet-10": "bftrainer-jobs/shufflenet_hpo_10.csv",
+    "shufflenet-1000": "bftrainer-jobs/shufflenet_hpo_1000.csv",
+}
+
+
+def data_dir() -> Path:
+    """The reference-data folder: ``$MALLEPARSL_DATA``, else ``../shared/data`` by the repo."""
+    env = os.environ.get("MALLEPARSL_DATA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        cand = parent.parent / "shared" / "data"
+        if cand.is_dir():
+            return cand
+    return here.parents[2] / "shared" / "data"
+
+
+def resolve(name_or_path: str | os.PathLike[str], table: dict[str, str], kind: str) -> Path:
+    """A registered short name (``imagenet``) or a path; errors list the names."""
+    s = str(name_or_path)
+    if s in table:
+        p = data_dir() / table[s]
+    else:
+        p = Path(s)
+        if not p.exists() and not any(c in s for c in "/\\."):
+            raise unknown_name(kind, s, table)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"{kind} file {str(p)!r} not found; put the reference data at ../shared/data beside "
+            "the checkout or set MALLEPARSL_DATA"
+        )
+    return p
+
+
+def load_curves(path: str | os.PathLike[str]) -> dict[str, ScalingCurve]:
+    """``model -> ScalingCurve`` from a ``model,nodes,samples_per_s`` CSV."""
+    df = pd.read_csv(path)
+    missing = {"model", "nodes", "samples_per_s"} - set(df.columns)
+    if missing:
+        raise TraceFormatError(f"{path}: curve file lacks column(s) {sorted(missing)}")
+    out = {}
+    for model, g in df.sort_values(["model", "nodes"]).groupby("model", sort=False):
+        try:
+            out[str(model)] = ScalingCurve(
+                tuple(int(n) for n in g["nodes"]),
+                tuple(float(r) for r in g["samples_per_s"]),
+                name=str(model),
+            )
+        except SpecError as exc:
+            raise TraceFormatError(f"{path}: model {model!r}: {exc}") from exc
+    return out
+
+
+def load_jobset(
+    name_or_path: str | os.PathLike[str], *, with_curves: bool = True, limit: int | None = None
+) -> list[JobSpec]:
+    """Jobs from a BFTrainer-style CSV (``job,model,min_nodes,...,submit_s``), in submit order.
+
+    The matching ``<stem>_curves.csv`` beside it gives each job its true curve when
+    ``with_curves`` (the oracle); without it, jobs carry no curve and must be profiled.
+    """
+    path = resolve(name_or_path, JOBSETS, "job set")
+    df = pd.read_csv(path)
+    need = {
+        "job",
+        "model",
+        "min_nodes",
+        "max_nodes",
+        "total_samples",
+        "rescale_up_s",
+        "rescale_down_s",
+        "submit_s",
+    }
+    missing = need - set(df.columns)
+    if missing:
+        raise TraceFormatError(f"{path}: job set lacks column(s) {sorted(missing)}")
+    curves: dict[str, ScalingCurve] = {}
+    if with_curves:
+        cpath = path.with_name(path.stem + "_curves.csv")
+        if not cpath.exists():
+            raise FileNotFoundError(
+                f"curve file {str(cpath)!r} for job set {str(path)!r} not found"
+            )
+        curves = load_curves(cpath)
+    df = df.sort_values("submit_s", kind="stable")
+    if limit is not None:
+        df = df.head(limit)
+    jobs = []
+    for i, row in enumerate(df.itertuples(index=False)):
+        model = str(row.model)
+        if with_curves and model not in curves:
+            raise TraceFormatError(f"{path}: line {i + 2}: model {model!r} has no curve")
+        jobs.append(
+            JobSpec(
+                job_id=str(row.job),
+                min_nodes=int(row.min_nodes),
+                max_nodes=int(row.max_nodes),
+                rescale_up_s=float(row.rescale_up_s),
+                rescale_down_s=float(row.rescale_down_s),
+                total_samples=float(row.total_samples),
+                submit_s=float(row.submit_s),
+                curve=curves.get(model),
+                model=model,
+            )
+        )
+    return jobs

@@ -1,0 +1,436 @@
+"""``TrainContext``: what a malleable training function sees of the system.
+
+A training function takes a ``TrainContext`` and writes an ordinary loop; the context hides
+that the loop may be stopped at any step boundary and resumed later at another size::
+
+    def train(ctx, *, lr=0.1, total_steps=300):
+        X, y = load_data()
+        model = Net().to(ctx.device)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        ctx.register(model=model, optimizer=opt)       # checkpointed and restored for you
+        for step in ctx.steps(total_steps, global_batch=64, dataset_size=len(X)):
+            opt.zero_grad()
+            for idx in step.micro_batches():           # this rank's share of the batch
+                step.backward(F.cross_entropy(model(X[idx]), y[idx], reduction="sum"))
+            loss = step.sync(model)                    # all-reduce; the global mean loss
+            opt.step()
+            ctx.report(loss=loss)
+        return {"loss": loss}
+
+At every step boundary rank 0 looks at the job's stop key in the driver's ``TCPStore``; when it
+names this segment, all ranks learn it (a broadcast), rank 0 writes a checkpoint, and
+``ctx.steps`` raises :class:`RescaleRequested` out of the loop, which
+:func:`malleparsl.apps.entry.run_rank` turns into a "stopped" outcome. The driver relaunches
+the job at its new size and ``ctx.steps`` resumes at the checkpointed step. Collectives that
+fail because a peer vanished raise :class:`GroupBrokenError`, so the driver can tell a lost
+node from a bug in user code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from malleparsl.apps.checkpoint import CheckpointStore
+from malleparsl.apps.sharding import GlobalBatchSampler
+from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
+
+from malleparsl.errors import CheckpointError, SpecError
+
+log = logging.getLogger(__name__)
+
+
+class RescaleRequested(BaseException):  # noqa: N818 - a control-flow signal, like StopIteration
+    """Raised out of :meth:`TrainContext.steps` when the segment must stop for a rescale.
+
+    A ``BaseException`` so that a user's ``except Exception`` does not swallow it; the checkpoint
+    is already written when it is raised.
+    """
+
+
+class GroupBrokenError(RuntimeError):
+    """A collective failed because a peer rank died or left (its node was lost or it failed)."""
+
+
+class Step:
+    """One optimizer step: this rank's micro-batches, loss accumulation and gradient sync."""
+
+    def __init__(self, ctx: TrainContext, index: int, sampler: GlobalBatchSampler) -> None:
+        self.ctx = ctx
+        self.index = index  # global step number, 0-based, the same at every job size
+        self.sampler = sampler
+        self.loss_sum = 0.0
+
+    @property
+    def epoch(self) -> float:
+        return self.sampler.epoch_of(self.index)
+
+    def micro_batches(self) -> list[Any]:
+        """Index tensors of this rank's micro-batches (CPU ``LongTensor``s)."""
+        return self.sampler.micro_batches(self.index)
+
+    def backward(self, loss_sum: Any) -> None:
+        """Back-propagate a micro-batch's *summed* per-sample loss and accumulate its value."""
+        loss_sum.backward()
+        self.loss_sum += float(loss_sum.detach())
+
+    def sync(self, model: Any) -> float:
+        """All-reduce gradients (SUM, then divide by the global batch); return the mean loss.
+
+        One flat all-reduce carries every gradient and the loss. Parameters without a gradient
+        (a rank with no samples this step) contribute zeros.
+        """
+        import torch
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise SpecError("step.sync(model): the model has no trainable parameters")
+        dtype = params[0].dtype
+        flat = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype)
+                for p in params
+            ]
+            + [torch.tensor([self.loss_sum], dtype=dtype, device=params[0].device)]
+        )
+        self.ctx.all_reduce(flat)
+        flat /= self.sampler.global_batch
+        offset = 0
+        for p in params:
+            n = p.numel()
+            chunk = flat[offset : offset + n].view_as(p).to(p.dtype)
+            if p.grad is None:
+                p.grad = chunk.clone()
+            else:
+                p.grad.copy_(chunk)
+            offset += n
+        return float(flat[-1])
+
+
+class TrainContext:
+    """One rank's view of a malleable training job during one segment.
+
+    Build it with :meth:`from_rank_info` (what :func:`~malleparsl.apps.entry.run_rank` does) or
+    :meth:`local` (one process, no process group: for debugging a training function).
+
+    Options read from the job's malleable options (``RankInfo.options``): ``seed`` (0),
+    ``device`` ("auto" | "cpu" | "cuda"), ``micro_batch`` (None), ``ckpt_interval_s`` (30),
+    ``ckpt_every_steps`` (None), ``ckpt_keep`` (3), ``progress_interval_s`` (1),
+    ``pg_timeout_s`` (120), ``torch_threads`` (None: torch's default), ``deterministic`` (True),
+    ``total_samples`` (None).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        job_id: str = "local",
+        segment: int = 0,
+        node: str = "localhost",
+        ckpt_dir: str | None = None,
+        options: dict[str, Any] | None = None,
+        store: Any = None,
+    ) -> None:
+        import torch
+
+        self.rank, self.world_size = rank, world_size
+        self.job_id, self.segment, self.node = job_id, segment, node
+        self.options = dict(options or {})
+        self.store = store  # the driver's TCPStore (client); None when local
+        self.ckpt = CheckpointStore(
+            directory=ckpt_dir, keep=int(self.options.get("ckpt_keep", 3))
+        ) if ckpt_dir else None
+        want = self.options.get("device", "auto")
+        cuda = torch.cuda.is_available() and want in ("auto", "cuda")
+        self.device = torch.device(f"cuda:{int(self.options.get('local_rank', 0))}" if cuda else "cpu")
+        self.backend = "nccl" if cuda else "gloo"
+        if self.options.get("torch_threads"):
+            torch.set_num_threads(int(self.options["torch_threads"]))
+        self._det_before = torch.are_deterministic_algorithms_enabled()
+        if self.options.get("deterministic", True):
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(int(self.options.get("seed", 0)))
+        self.group = False  # True once a torch.distributed default group is ours
+        self.step = 0  # completed optimizer steps of the whole job
+        self.samples = 0.0  # samples trained by the whole job
+        self.history: list[dict[str, Any]] = []  # ctx.report(...) records, checkpointed
+        self.extra: dict[str, Any] = {}  # user data to checkpoint (plain values, tensors)
+        self.metrics: dict[str, Any] = {}
+        self.samples_per_s: float | None = None
+        self.first_step_time: float | None = None
+        self.sampler: GlobalBatchSampler | None = None
+        self._objects: dict[str, Any] = {}
+        self._begun = False
+        self._saved_step: int | None = None
+        self._last_ckpt = self._last_progress = self._last_stop_check = time.monotonic()
+        self._warm: tuple[float, float] | None = None  # (time, samples) after the 1st step
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_rank_info(cls, info: RankInfo) -> TrainContext:
+        """Join the segment's process group through the driver's ``TCPStore``."""
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore, TCPStore
+
+        timeout = timedelta(seconds=float(info.options.get("pg_timeout_s", 120)))
+        store = TCPStore(info.store_host, info.store_port, is_master=False, timeout=timeout)
+        ctx = cls(
+            rank=info.rank, world_size=info.world_size, job_id=info.job_id,
+            segment=info.segment, node=info.node, ckpt_dir=info.ckpt_dir or None,
+            options=info.options, store=store,
+        )
+        if dist.is_initialized():  # a previous task in this warm worker died uncleanly
+            log.warning("destroying a leftover process group before joining %s", info.store_prefix)
+            dist.destroy_process_group()
+        dist.init_process_group(
+            ctx.backend, store=PrefixStore(info.store_prefix, store),
+            rank=info.rank, world_size=info.world_size, timeout=timeout,
+        )
+        ctx.group = True
+        return ctx
+
+    @classmethod
+    def local(cls, *, ckpt_dir: str | None = None, **options: Any) -> TrainContext:
+        """A one-rank context without a store or process group (debugging, notebooks)."""
+        return cls(ckpt_dir=ckpt_dir, options=options)
+
+    def close(self) -> None:
+        """Leave the process group (unblocks peers) and restore global torch settings."""
+        import torch
+
+        if self.group:
+            import torch.distributed as dist
+
+            self.group = False
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a broken group may refuse a clean shutdown
+                log.debug("destroy_process_group failed: %s", exc)
+        torch.use_deterministic_algorithms(self._det_before)
+        self.store = None
+
+    # -- collectives ----------------------------------------------------------------------
+    def _collective(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        if self.world_size == 1 or not self.group:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:
+            raise GroupBrokenError(
+                f"rank {self.rank}/{self.world_size} of job {self.job_id!r} segment "
+                f"{self.segment} lost its peers: {exc}"
+            ) from exc
+
+    def all_reduce(self, tensor: Any) -> Any:
+        """In-place SUM over all ranks (no-op at size 1)."""
+        import torch.distributed as dist
+
+        self._collective(dist.all_reduce, tensor)
+        return tensor
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        import torch.distributed as dist
+
+        self._collective(dist.broadcast, tensor, src)
+        return tensor
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        self._collective(dist.barrier)
+
+    # -- state --------------------------------------------------------------------------
+    def register(self, **objects: Any) -> None:
+        """Objects with ``state_dict``/``load_state_dict`` to checkpoint (model, optimizer...)."""
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise SpecError(
+                    f"ctx.register({name}=...): {type(obj).__name__} has no state_dict/"
+                    "load_state_dict; put plain values in ctx.extra instead"
+                )
+            self._objects[name] = obj
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "format": 1, "step": self.step, "samples": self.samples,
+            "state": {k: o.state_dict() for k, o in self._objects.items()},
+            "extra": self.extra, "history": self.history,
+        }
+
+    def save(self) -> Path | None:
+        """Checkpoint now (rank 0 writes; the state is replicated). Returns the path on rank 0."""
+        self._last_ckpt = time.monotonic()
+        if self.rank != 0 or self.ckpt is None or self._saved_step == self.step:
+            return None
+        path = self.ckpt.save(self._payload(), step=self.step)
+        self._saved_step = self.step
+        return path
+
+    def restore(self) -> bool:
+        """Load the newest usable checkpoint into the registered objects; False if none.
+
+        Every rank reads it; a cheap all-reduce checks that all ranks resumed at one step.
+        Without a checkpoint, registered modules are broadcast from rank 0 so all replicas
+        start equal.
+        """
+        self._begun = True
+        found = self.ckpt.load_latest() if self.ckpt is not None else None
+        if found is not None:
+            step, payload = found
+            missing = set(self._objects) - set(payload.get("state", {}))
+            if missing:
+                raise CheckpointError(f"checkpoint at step {step} lacks state for {sorted(missing)}")
+            for name, obj in self._objects.items():
+                obj.load_state_dict(payload["state"][name])
+            self.step, self.samples = int(payload["step"]), float(payload["samples"])
+            self.extra.clear()
+            self.extra.update(payload.get("extra", {}))
+            self.history[:] = payload.get("history", [])
+            self._saved_step = self.step
+        self._check_same_step()
+        if found is None:
+            for obj in self._objects.values():
+                if hasattr(obj, "parameters") and hasattr(obj, "buffers"):
+                    for t in [*obj.parameters(), *obj.buffers()]:
+                        self.broadcast(t.data)
+        return found is not None
+
+    def _check_same_step(self) -> None:
+        import torch
+
+        t = torch.tensor([self.step, -self.step], dtype=torch.float64)
+        self.all_reduce_max(t)
+        if t[0] != -t[1]:
+            raise CheckpointError(
+                f"ranks resumed at different steps (max {int(t[0])}, min {int(-t[1])}); "
+                "is the checkpoint directory shared by all nodes?"
+            )
+
+    def all_reduce_max(self, tensor: Any) -> Any:
+        import torch.distributed as dist
+
+        self._collective(dist.all_reduce, tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    # -- stop, progress ---------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """Collective: True on every rank when the driver asked this segment to stop."""
+        import torch
+
+        flag = 0.0
+        if self.rank == 0 and self.store is not None:
+            now = time.monotonic()
+            if now - self._last_stop_check >= float(self.options.get("stop_check_interval_s", 0)):
+                self._last_stop_check = now
+                key = stop_key(self.job_id)
+                if self.store.check([key]) and self.store.get(key).decode() == str(self.segment):
+                    flag = 1.0
+        if self.world_size == 1:
+            return flag > 0
+        return bool(self.broadcast(torch.tensor([flag]))[0] > 0)
+
+    def check_stop(self) -> None:
+        """For hand-written loops: at a step boundary, checkpoint and stop if asked to."""
+        if self.stop_requested():
+            self.save()
+            self.publish_progress()
+            raise RescaleRequested(f"job {self.job_id!r} segment {self.segment} stopped at step {self.step}")
+
+    def report(self, **metrics: Any) -> None:
+        """Record metrics for the current step (kept in ``ctx.history``, checkpointed, and
+        published with the progress)."""
+        clean = {k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}
+        self.metrics = clean
+        self.history.append({"step": self.step, **clean})
+
+    def publish_progress(self) -> None:
+        """Rank 0 writes ``{"step", "samples", "samples_per_s", "time", ...}`` to the store."""
+        self._last_progress = time.monotonic()
+        if self.rank != 0 or self.store is None:
+            return
+        doc = {
+            "step": self.step, "samples": self.samples, "samples_per_s": self.samples_per_s,
+            "time": time.time(), "segment": self.segment, "world_size": self.world_size,
+            "metrics": {k: v for k, v in self.metrics.items() if isinstance(v, (int, float, str))},
+        }
+        self.store.set(progress_key(self.job_id, self.segment), json.dumps(doc))
+
+    def _after_step(self, global_batch: int) -> None:
+        now = time.monotonic()
+        self.step += 1
+        self.samples += global_batch
+        if self._warm is None:  # the first step pays for warm-up; measure from its end
+            self._warm = (now, self.samples)
+        elif now > self._warm[0]:
+            self.samples_per_s = (self.samples - self._warm[1]) / (now - self._warm[0])
+        if now - self._last_progress >= float(self.options.get("progress_interval_s", 1.0)):
+            self.publish_progress()
+
+    def _periodic_checkpoint_due(self) -> bool:
+        every = self.options.get("ckpt_every_steps")
+        if every and self.step % int(every) == 0:
+            return True
+        return time.monotonic() - self._last_ckpt >= float(self.options.get("ckpt_interval_s", 30))
+
+    # -- the loop -------------------------------------------------------------------------
+    def steps(
+        self,
+        total_steps: int | None = None,
+        *,
+        global_batch: int,
+        dataset_size: int,
+        micro_batch: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[Step]:
+        """Yield :class:`Step` objects from the restored step up to ``total_steps``.
+
+        ``total_steps`` defaults to ``ceil(total_samples / global_batch)`` from the job's
+        options. Restores the latest checkpoint first (unless :meth:`restore` was called).
+        """
+        if total_steps is None:
+            total = self.options.get("total_samples")
+            if not total:
+                raise SpecError(
+                    "ctx.steps(): give total_steps, or total_samples in @malleable_app(...)"
+                )
+            total_steps = math.ceil(float(total) / global_batch)
+        self.sampler = GlobalBatchSampler(
+            dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,
+            rank=self.rank, micro_batch=micro_batch or self.options.get("micro_batch"),
+            seed=int(self.options.get("seed", 0) if seed is None else seed),
+        )
+        if not self._begun:
+            self.restore()
+        self._last_ckpt = time.monotonic()
+        while self.step < total_steps:
+            self.check_stop()
+            if self.step and self._periodic_checkpoint_due():
+                self.save()
+            if self.first_step_time is None:
+                self.first_step_time = time.time()
+            yield Step(self, self.step, self.sampler)
+            self._after_step(global_batch)
+        self.publish_progress()
+
+    @property
+    def local_batch(self) -> int:
+        """Samples this rank processes per step (set once :meth:`steps` has started)."""
+        return self.sampler.plan.local_batch if self.sampler else 0
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches (gradient-accumulation passes) per step on this rank."""
+        return self.sampler.plan.accumulation if self.sampler else 0
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainContext(job_id={self.job_id!r}, segment={self.segment}, rank={self.rank}, "
+            f"world_size={self.world_size}, device={str(self.device)!r}, step={self.step})"
+        )

@@ -1,0 +1,205 @@
+"""The count model: every job picks one (node count, horizon level) option; pools stay feasible.
+
+Nodes are interchangeable except for how long they stay idle, so instead of BFTrainer's binary
+node-to-job variables the count MILP gives each job one binary per *option* and asks for exactly
+one (a multiple-choice knapsack: tight LP relaxation, a few thousand binaries at 100 jobs x 4,734
+nodes). An option is a node count ``k``; a growing option also names the horizon level ``b`` its
+new nodes must reach.
+
+Horizons (seconds a node stays idle, from :func:`~malleparsl.allocator.placement.node_horizons`)
+are rounded *down* to at most ``max_levels`` thresholds ``H_1 > ... > H_B`` (exact when there
+are that few distinct values). With ``c`` nodes held now and ``r`` the curve, an option is worth
+(times the job's weight)::
+
+    keep    k == c     Tfwd * r(c)
+    grow    k > c      Tfwd * r(c) + (r(k) - r(c)) * H_b       - rescale_up_s   * r(c)
+    shrink  k < c      Tfwd * r(c) - (r(c) - r(k)) * H_rel(k)  - rescale_down_s * r(c)
+
+The gain of growing lasts until the first new node leaves (``H_b``, the lowest horizon among
+them); a shrinking job releases its shortest-lived nodes and its loss lasts as long as the
+longest of those would have stayed (``H_rel``). Both readings are the pessimistic ones, so the
+model rescales only when it pays. When no node has a known end every horizon is ``Tfwd`` and the
+values reduce exactly to BFTrainer's objective (see :mod:`~malleparsl.allocator.objective`).
+
+Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
+nodes at that level + nodes released at that level. The sets are nested, so this is also
+sufficient (Hall's condition), and :func:`~malleparsl.allocator.placement.place` realises it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.allocator.objective import allowed_sizes
+from malleparsl.model import NodeId
+
+__all__ = ["OptionTable", "build_options", "horizon_levels"]
+
+
+def horizon_levels(horizons: Mapping[NodeId, float], max_levels: int) -> np.ndarray:
+    """Descending thresholds: the distinct horizons, or ``max_levels`` quantiles of them."""
+    vals = np.fromiter(horizons.values(), dtype=float, count=len(horizons))
+    if vals.size == 0:
+        return np.zeros(1)
+    distinct = np.unique(vals)[::-1]
+    if distinct.size <= max_levels:
+        return distinct
+    qs = np.quantile(vals, np.linspace(0.0, 1.0, max_levels), method="lower")
+    return np.unique(np.append(qs, vals.min()))[::-1]
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """All options of all jobs, as parallel arrays (one row per option)."""
+
+    job: np.ndarray  # int: index into the jobs sequence
+    size: np.ndarray  # int: node count k
+    level: np.ndarray  # int: demanded horizon level of a growing option, -1 otherwise
+    demand: np.ndarray  # int: nodes taken from the pool (k - c when growing, else 0)
+    supply: np.ndarray  # int (options x levels): released nodes with horizon >= H_L
+    value: np.ndarray  # float: objective value
+    free: np.ndarray  # int (levels): unheld nodes with horizon >= H_L
+    levels: np.ndarray  # float: thresholds H_1 > ... > H_B
+
+    def __len__(self) -> int:
+        return int(self.job.size)
+
+    def subset(self, mask: np.ndarray) -> OptionTable:
+        """The table restricted to the rows where ``mask`` is true."""
+        return OptionTable(
+            job=self.job[mask],
+            size=self.size[mask],
+            level=self.level[mask],
+            demand=self.demand[mask],
+            supply=self.supply[mask],
+            value=self.value[mask],
+            free=self.free,
+            levels=self.levels,
+        )
+
+
+def _prune_nongrow(sizes: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """Keep non-growing options not beaten by a smaller one (smaller releases a superset)."""
+    order = np.argsort(sizes, kind="stable")
+    keep, best = [], -np.inf
+    for i in order:
+        if vals[i] > best:
+            keep.append(i)
+            best = vals[i]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def build_options(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobView],
+    horizons: Mapping[NodeId, float],
+    *,
+    horizon_aware: bool = False,
+    max_levels: int = 8,
+) -> OptionTable:
+    """Every undominated option of every job (a dominated one never beats its dominator).
+
+    Without ``horizon_aware`` every node's horizon is ``tfwd_s``: one level, BFTrainer's values.
+    """
+    tfwd = snapshot.tfwd_s
+    n_nodes = len(snapshot.nodes)
+    if not horizon_aware:
+        horizons = dict.fromkeys(snapshot.nodes, tfwd)
+    levels = horizon_levels(horizons, max_levels)
+    n_lev = levels.size
+    hvals = np.asarray([horizons[n] for n in snapshot.nodes], dtype=float)
+    node_lev = dict(zip(snapshot.nodes, np.searchsorted(-levels, -hvals, side="left").tolist()))
+    held = set().union(*(j.current for j in jobs)) if jobs else set()
+    free_per = np.bincount(
+        np.asarray([node_lev[n] for n in snapshot.nodes if n not in held], dtype=np.int64),
+        minlength=n_lev,
+    )
+    free = np.cumsum(free_per)
+    total_per = np.cumsum(
+        np.bincount(np.asarray(list(node_lev.values()), dtype=np.int64), minlength=n_lev)
+    )
+    if n_nodes == 0:
+        free, total_per = np.zeros(n_lev, dtype=np.int64), np.zeros(n_lev, dtype=np.int64)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for ji, j in enumerate(jobs):
+        sizes = allowed_sizes(j, n_nodes)
+        c = len(j.current)
+        rates = j.curve.rates_upto(int(max(sizes.max(), c)))
+        w, rc = j.spec.weight, rates[c]
+        base = tfwd * rc
+        # shrinking (or keeping): release the c-k shortest-lived nodes
+        cur = sorted(j.current, key=lambda n: (horizons[n], n))  # shortest first
+        cur_h = np.asarray([horizons[n] for n in cur], dtype=float)
+        cur_lev = np.asarray([node_lev[n] for n in cur], dtype=np.int64)
+        ng = sizes[sizes <= c]
+        h_rel = cur_h[np.maximum(c - ng - 1, 0)] if c else np.zeros(ng.size)
+        ng_vals = np.where(
+            ng == c,
+            w * base,
+            w * (base - (rc - rates[ng]) * h_rel - j.spec.rescale_down_s * rc),
+        )
+        keep_idx = _prune_nongrow(ng, ng_vals)
+        # released[m, L]: among the m shortest-lived current nodes, those at level <= L
+        onehot = np.zeros((c + 1, n_lev), dtype=np.int64)
+        onehot[np.arange(1, c + 1), cur_lev] = 1
+        released = np.cumsum(np.cumsum(onehot, axis=0), axis=1)
+        kk = ng[keep_idx]
+        parts.append(
+            (
+                np.full(kk.size, ji),
+                kk,
+                np.full(kk.size, -1),
+                np.zeros(kk.size, dtype=np.int64),
+                released[c - kk],
+                ng_vals[keep_idx],
+            )
+        )
+        best_ng = float(ng_vals[keep_idx].max()) if keep_idx.size else -np.inf
+        # growing: grid of values V[b, k] over levels and sizes
+        gs = sizes[sizes > c]
+        if gs.size == 0:
+            continue
+        gain = rates[gs] - rc
+        grid = w * (base + np.outer(levels, gain) - j.spec.rescale_up_s * rc)
+        avail = total_per - released[c]
+        grid = np.where((gs[None, :] - c) <= avail[:, None], grid, -np.inf)
+        # best value over options at least as cheap: same-or-lower level, same-or-smaller size
+        pref = np.maximum.accumulate(grid, axis=1)
+        q = np.maximum.accumulate(pref[::-1], axis=0)[::-1]
+        smaller = np.full_like(grid, -np.inf)
+        smaller[:, 1:] = q[:, :-1]
+        cheaper = np.full_like(grid, -np.inf)
+        cheaper[:-1, :] = q[1:, :]
+        ok = np.isfinite(grid) & (grid > best_ng) & (grid > smaller) & (grid > cheaper)
+        bb, ii = np.nonzero(ok)
+        parts.append(
+            (
+                np.full(bb.size, ji),
+                gs[ii],
+                bb,
+                gs[ii] - c,
+                np.zeros((bb.size, n_lev), dtype=np.int64),
+                grid[bb, ii],
+            )
+        )
+    cols = {
+        name: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0))
+        for k, name in enumerate(("job", "size", "level", "demand", "supply", "value"))
+    }
+    if not parts:
+        cols["supply"] = np.zeros((0, n_lev))
+    n_opt = int(cols["job"].size)
+    return OptionTable(
+        job=np.asarray(cols["job"], dtype=np.int64),
+        size=np.asarray(cols["size"], dtype=np.int64),
+        level=np.asarray(cols["level"], dtype=np.int64),
+        demand=np.asarray(cols["demand"], dtype=np.int64),
+        supply=(np.asarray(cols["supply"], dtype=np.int64).reshape(n_opt, n_lev)),
+        value=np.asarray(cols["value"], dtype=float),
+        free=free.astype(np.int64),
+        levels=levels,
+    )

@@ -1,0 +1,211 @@
+"""``milp`` and ``milp-horizon``: choose node counts per job by MILP, then place them.
+
+BFTrainer's node-level model (:mod:`~malleparsl.allocator.milp_node`) spends one binary per
+(job, node) pair although idle nodes are interchangeable, so its search space is full of
+symmetric copies of each answer. Here each job chooses one option (a node count, see
+:mod:`~malleparsl.allocator.countmodel`): about ``jobs x max_nodes`` binaries whatever the
+machine size, with the same optimum as the node model (tested), and
+:func:`~malleparsl.allocator.placement.place` turns counts into nodes without moving any job.
+
+``milp-horizon`` is the same with ``horizon=True``: growth is valued over the time the new
+nodes will really stay (``snapshot.node_end_s``) rather than ``tfwd_s``, so a job does not grow
+onto a node that leaves before the gain repays the rescale pause.
+
+>>> from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
+>>> from malleparsl.model import JobSpec, ScalingCurve
+>>> job = JobSpec("j", max_nodes=4, curve=ScalingCurve((1, 4), (1.0, 4.0)))
+>>> snap = ClusterSnapshot(now_s=0, nodes=("a", "b", "c"))
+>>> make_policy("milp").allocate(snap, [JobView(job, job.curve)]).size("j")
+3
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import pulp
+
+from malleparsl.allocator.base import (
+    AllocationPolicy,
+    ClusterSnapshot,
+    JobView,
+    register_policy,
+    register_policy_factory,
+)
+from malleparsl.allocator.countmodel import OptionTable, build_options
+from malleparsl.allocator.objective import check_inputs
+from malleparsl.allocator.placement import node_horizons, place
+from malleparsl.allocator.reduction import Reduction, net_use, reduce_options
+from malleparsl.allocator.solvers import SolveResult, check_solver_options, solve
+from malleparsl.errors import SpecError
+from malleparsl.model import Allocation
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MilpPolicy"]
+
+
+@register_policy("milp")
+class MilpPolicy(AllocationPolicy):
+    """Integer node counts per job by MILP; counts mapped to nodes preserving placement.
+
+    Parameters
+    ----------
+    solver
+        ``"highs"`` (default, in-process) or ``"cbc"``.
+    time_limit_s
+        Solver time limit. On timeout the best solution found is used; with none, the current
+        allocation minus lost nodes (topped up greedily with free nodes) — never an empty map.
+    mip_gap
+        Relative optimality gap at which the solver may stop.
+    horizon
+        Value growth over each node's expected remaining idle time (``snapshot.node_end_s``)
+        instead of ``tfwd_s``; see :mod:`~malleparsl.allocator.countmodel`.
+    default_horizon_s
+        With ``horizon``: remaining time assumed for a node with no known end (``None``:
+        ``snapshot.tfwd_s``, which makes such nodes behave exactly as in ``milp``).
+    horizon_cap_s
+        With ``horizon``: cap on any node's remaining time (``None``: no cap).
+    max_levels
+        With ``horizon``: horizons are rounded down to at most this many levels.
+    reduce
+        Remove options the LP relaxation proves cannot be optimal before the MILP
+        (:mod:`~malleparsl.allocator.reduction`; exact, and much faster at scale).
+    threads
+        Solver threads (``None``: the solver's default).
+    """
+
+    def __init__(
+        self,
+        *,
+        solver: str = "highs",
+        time_limit_s: float = 5.0,
+        mip_gap: float = 1e-6,
+        horizon: bool = False,
+        default_horizon_s: float | None = None,
+        horizon_cap_s: float | None = None,
+        max_levels: int = 8,
+        reduce: bool = True,
+        threads: int | None = None,
+    ) -> None:
+        check_solver_options(solver, time_limit_s, mip_gap)
+        if isinstance(max_levels, bool) or not isinstance(max_levels, int) or max_levels < 1:
+            raise SpecError(f"max_levels must be an integer >= 1, got {max_levels!r}")
+        self.solver = solver
+        self.time_limit_s = time_limit_s
+        self.mip_gap = mip_gap
+        self.horizon = horizon
+        self.default_horizon_s = default_horizon_s
+        self.horizon_cap_s = horizon_cap_s
+        self.max_levels = max_levels
+        self.reduce = reduce
+        self.threads = threads
+        self.last_result: SolveResult | None = None
+        self.last_fallback = False
+
+    def __repr__(self) -> str:
+        extra = ", horizon=True" if self.horizon else ""
+        return f"{type(self).__name__}(solver={self.solver!r}, time_limit_s={self.time_limit_s}{extra})"
+
+    def allocate(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> Allocation:
+        check_inputs(snapshot, jobs)
+        self.last_result, self.last_fallback = None, False
+        horizons = node_horizons(
+            snapshot,
+            default_s=self.default_horizon_s if self.horizon else None,
+            cap_s=self.horizon_cap_s if self.horizon else None,
+        )
+        if not jobs or not snapshot.nodes:
+            return Allocation.empty()
+        table = build_options(
+            snapshot, jobs, horizons, horizon_aware=self.horizon, max_levels=self.max_levels
+        )
+        red = reduce_options(table, len(jobs)) if self.reduce else None
+        if red is not None:
+            table = table.subset(red.keep)
+        if red is not None and _proved(red, len(table), len(jobs), self.mip_gap):
+            remap = np.cumsum(red.keep) - 1
+            chosen: list[int] | None = [int(remap[i]) for i in red.incumbent]
+            self.last_result = SolveResult("optimal", 0.0, red.lower, "proved by the LP bound")
+        else:
+            chosen = self._solve(table, len(jobs))
+        if chosen is None and red is not None:  # the feasible choice the reduction found
+            remap = np.cumsum(red.keep) - 1
+            chosen = [int(remap[i]) for i in red.incumbent]
+            self.last_fallback = True
+        if chosen is None:
+            self.last_fallback = True
+            return _fallback(snapshot, jobs, horizons)
+        counts = {jobs[int(table.job[i])].job_id: int(table.size[i]) for i in chosen}
+        # growers needing the longest-lived nodes pick first
+        grow_rows = sorted((i for i in chosen if table.level[i] >= 0), key=lambda i: table.level[i])
+        order = [jobs[int(table.job[i])].job_id for i in grow_rows]
+        return place(snapshot, jobs, counts, horizons=horizons, grow_order=order)
+
+    def _solve(self, table: OptionTable, n_jobs: int) -> list[int] | None:
+        """Row index of the chosen option per job, or ``None`` without a usable solution."""
+        prob = pulp.LpProblem("malleparsl_counts", pulp.LpMaximize)
+        y = [prob.add_variable(f"y{i}", 0, 1, cat=pulp.LpBinary) for i in range(len(table))]
+        prob += pulp.LpAffineExpression([(y[i], float(v)) for i, v in enumerate(table.value)])
+        rows_of: list[list[int]] = [[] for _ in range(n_jobs)]
+        for i, ji in enumerate(table.job):
+            rows_of[int(ji)].append(i)
+        for ji, rows in enumerate(rows_of):
+            prob += pulp.LpAffineExpression([(y[i], 1.0) for i in rows]) == 1, f"one_{ji}"
+        use = net_use(table)
+        for lev in range(table.levels.size):
+            nz = np.flatnonzero(use[:, lev])
+            if nz.size:
+                terms = [(y[i], float(use[i, lev])) for i in nz]
+                prob += pulp.LpAffineExpression(terms) <= float(table.free[lev]), f"pool_{lev}"
+        res = solve(
+            prob,
+            solver=self.solver,
+            time_limit_s=self.time_limit_s,
+            mip_gap=self.mip_gap,
+            threads=self.threads,
+        )
+        self.last_result = res
+        if not res.has_solution:
+            log.warning("milp: %s; falling back to the current allocation", res.detail)
+            return None
+        vals = np.asarray([v.varValue if v.varValue is not None else 0.0 for v in y])
+        chosen = [rows[int(np.argmax(vals[rows]))] for rows in rows_of]
+        if not _feasible(table, chosen, vals, rows_of):
+            log.warning("milp: solver answer is not feasible (%s); falling back", res.detail)
+            return None
+        return chosen
+
+
+def _proved(red: Reduction, n_left: int, n_jobs: int, mip_gap: float) -> bool:
+    """The reduction's feasible choice is optimal (within ``mip_gap``): no solver needed."""
+    return n_left == n_jobs or red.upper - red.lower <= mip_gap * max(1.0, abs(red.upper))
+
+
+def _feasible(
+    table: OptionTable, chosen: list[int], vals: np.ndarray, rows_of: list[list[int]]
+) -> bool:
+    """Check the decoded choice ourselves: one option per job, every pool within bounds."""
+    for rows, i in zip(rows_of, chosen):
+        if vals[i] < 0.5 or np.sum(vals[rows] > 0.5) != 1:
+            return False
+    idx = np.asarray(chosen, dtype=np.int64)
+    return bool(np.all(net_use(table)[idx].sum(axis=0) <= table.free))
+
+
+def _fallback(snapshot: ClusterSnapshot, jobs: Sequence[JobView], horizons: dict) -> Allocation:
+    """Current allocation minus lost nodes, topped up greedily: never empty for a slow solver."""
+    from malleparsl.allocator.heuristics import greedy_counts
+
+    counts = greedy_counts(snapshot, jobs)
+    return place(snapshot, jobs, counts, horizons=horizons)
+
+
+def _milp_horizon(**options: object) -> MilpPolicy:
+    options.setdefault("horizon", True)
+    return MilpPolicy(**options)  # type: ignore[arg-type]
+
+
+register_policy_factory("milp-horizon", _milp_horizon)

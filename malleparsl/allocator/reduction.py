@@ -1,0 +1,180 @@
+"""Exact problem reduction for the count MILP: drop options that provably cannot be optimal.
+
+The count model is a multiple-choice knapsack. Its LP relaxation is tight and solves in
+milliseconds; from its pool duals ``lambda >= 0`` every option gets a Lagrangian reduced value
+``rho_i = v_i - lambda . a_i`` (``a_i``: the option's net pool use per level), and
+
+    U(lambda) = lambda . free + sum_j max_{i in j} rho_i
+
+bounds the MILP optimum from above for *any* ``lambda >= 0`` (weak duality). Forcing option
+``i`` of job ``j`` lowers that bound by ``max_{i' in j} rho_i' - rho_i``; if the forced bound is
+below the value of a known feasible choice (the LP solution rounded down), no optimal solution
+uses ``i`` and it is removed. Typically only a handful of options per job survive, so the MILP
+left for HiGHS or CBC is tiny. Correctness never depends on the duals being exact — only how
+much gets removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+from malleparsl.allocator.countmodel import OptionTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Reduction", "net_use", "reduce_options"]
+
+
+def net_use(table: OptionTable) -> np.ndarray:
+    """``a[i, L]``: nodes option ``i`` takes from the level-``L`` pool (negative: releases)."""
+    lev = np.arange(table.levels.size)
+    grows = (table.level[:, None] >= 0) & (table.level[:, None] <= lev[None, :])
+    return table.demand[:, None] * grows - table.supply
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Which options survive, with the bounds that justified it."""
+
+    keep: np.ndarray  # bool per option
+    upper: float  # Lagrangian upper bound on the optimum
+    lower: float  # value of a feasible choice
+    incumbent: np.ndarray  # option row per job of that feasible choice
+
+
+def _lp_duals(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarray | None:
+    """Pool multipliers ``lambda >= 0`` from HiGHS's LP relaxation (None if it failed)."""
+    n_opt, n_lev = use.shape
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n_opt, n_jobs + n_lev
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.col_cost_ = table.value.astype(float)
+    lp.col_lower_ = np.zeros(n_opt)
+    lp.col_upper_ = np.ones(n_opt)
+    lp.row_lower_ = np.concatenate([np.ones(n_jobs), np.full(n_lev, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([np.ones(n_jobs), table.free.astype(float)])
+    # column-wise matrix: option i has a 1 in its job row and use[i, L] in pool rows
+    starts, index, value = [0], [], []
+    for i in range(n_opt):
+        nz = np.flatnonzero(use[i])
+        index.append(int(table.job[i]))
+        index.extend(int(n_jobs + L) for L in nz)
+        value.append(1.0)
+        value.extend(float(use[i, L]) for L in nz)
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=float)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    duals = np.asarray(h.getSolution().row_dual[n_jobs:], dtype=float)
+    return np.abs(duals)  # sign conventions differ by sense; any lambda >= 0 is valid
+
+
+def _group_max(values: np.ndarray, job: np.ndarray, n_jobs: int) -> np.ndarray:
+    out = np.full(n_jobs, -np.inf)
+    np.maximum.at(out, job, values)
+    return out
+
+
+def _scalar_lambda(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarray:
+    """Minimise the convex ``U(lambda)`` over one multiplier by bisection on its subgradient.
+
+    Rows of the table are grouped by job (``build_options`` emits them so), which lets each
+    evaluation use ``reduceat`` instead of sorting.
+    """
+    a, free = use[:, 0].astype(float), float(table.free[0])
+    starts = np.flatnonzero(np.r_[True, table.job[1:] != table.job[:-1]])
+    lo, hi = 0.0, 1.0
+    while _subgradient(table.value, a, starts, free, hi) < 0 and hi < 1e18:
+        hi *= 4.0
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        if _subgradient(table.value, a, starts, free, mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return np.asarray([hi])
+
+
+def _subgradient(
+    value: np.ndarray, a: np.ndarray, starts: np.ndarray, free: float, lam: float
+) -> float:
+    """``free - sum_j a`` of each job's best option at ``lam`` (ties: the smallest use)."""
+    rho = value - lam * a
+    best = np.maximum.reduceat(rho, starts)
+    counts = np.diff(np.r_[starts, rho.size])
+    at_best = rho >= np.repeat(best, counts) - 1e-9 * np.abs(np.repeat(best, counts))
+    return free - float(np.minimum.reduceat(np.where(at_best, a, np.inf), starts).sum())
+
+
+def _fits(table: OptionTable, use: np.ndarray, rows: np.ndarray) -> bool:
+    return bool(np.all(use[rows].sum(axis=0) <= table.free))
+
+
+def _incumbent(table: OptionTable, use: np.ndarray, rho: np.ndarray, n_jobs: int) -> np.ndarray:
+    """A good feasible choice: best reduced options, repaired, then improved swap by swap."""
+    best = _group_max(rho, table.job, n_jobs)[table.job]
+    near = rho >= best - 1e-9 * np.abs(best)  # ties as in _subgradient: the smallest use wins
+    order = np.lexsort((-table.value, use.sum(axis=1), ~near, table.job))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = table.job[order][1:] != table.job[order][:-1]
+    pick = order[first]  # one row per job, in job order
+    nongrow = np.flatnonzero(table.level < 0)
+    safe = np.full(n_jobs, -1)
+    sval = np.full(n_jobs, -np.inf)
+    for i in nongrow:  # each job's best non-growing option: always feasible together
+        j = table.job[i]
+        if table.value[i] > sval[j]:
+            safe[j], sval[j] = i, table.value[i]
+    if not _fits(table, use, pick):
+        for j in np.argsort(table.value[pick] - sval):  # drop the cheapest growth first
+            pick[j] = safe[j]
+            if _fits(table, use, pick):
+                break
+    for _ in range(2 * n_jobs + 10):  # best-improvement swaps within the leftover pools
+        slack = table.free - use[pick].sum(axis=0)
+        delta = use - use[pick[table.job]]
+        gain = table.value - table.value[pick[table.job]]
+        ok = np.all(delta <= slack[None, :], axis=1) & (gain > 1e-9)
+        if not ok.any():
+            break
+        i = int(np.flatnonzero(ok)[np.argmax(gain[ok])])
+        pick[table.job[i]] = i
+    return pick
+
+
+def reduce_options(table: OptionTable, n_jobs: int) -> Reduction | None:
+    """Options that may be optimal, or ``None`` if the LP could not be used."""
+    if len(table) == 0:
+        return None
+    use = net_use(table)
+    if table.levels.size == 1:
+        lam = _scalar_lambda(table, use, n_jobs)
+    else:
+        lam = _lp_duals(table, use, n_jobs)
+        if lam is None:
+            return None
+    rho = table.value - use @ lam
+    best_rho = _group_max(rho, table.job, n_jobs)
+    upper = float(lam @ table.free + best_rho.sum())
+    pick = _incumbent(table, use, rho, n_jobs)
+    lower = float(table.value[pick].sum())
+    tol = 1e-9 * max(1.0, abs(upper)) + 1e-6
+    keep = upper - (best_rho[table.job] - rho) >= lower - tol
+    keep[pick] = True
+    log.debug(
+        "reduction: %d of %d options kept (U=%.6g, L=%.6g)", keep.sum(), keep.size, upper, lower
+    )
+    return Reduction(keep=keep, upper=upper, lower=lower, incumbent=pick)

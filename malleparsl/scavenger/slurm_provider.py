@@ -1,48 +1,44 @@
 """Pilot jobs on scavenged Slurm nodes: Parsl's ``SlurmProvider``, one node per pilot, pinned.
 
 A scavenged node can be taken back at any moment, so every pilot (Parsl block) holds exactly
-one node (``--nodes=1 --nodelist=<node>``) and nodes leave independently. The provider
+one node (``--nodes=1 --nodelist=<node>``) and nodes leave independently. On top of Parsl's
+``SlurmProvider`` (script template, ``sbatch``, status, ``scancel``) this provider
 
-- pins each block to the node it is told to (:meth:`ScavengingSlurmProvider.pin`; the
-  :class:`~malleparsl.scavenger.slurm.SlurmScavenger` pins every node it announces, in order,
-  so the executor's ``add_node(name)`` -> ``provider.submit`` lands on node ``name``);
-- refuses to hold more than ``node_cap`` pilots at once;
-- refuses a partition whose ``PreemptMode`` is ``OFF`` (or a QOS that is not preemptible)
-  unless ``allow_nonpreemptible=True``: scavenging must never block the facility's own jobs;
-- makes every pilot leave a ``<job id>.term`` file in ``signal_dir`` when it receives SIGTERM,
-  the fastest preemption signal on a shared filesystem (no scheduler query needed);
+- pins each pilot to the node it is told (``pin``; :class:`~malleparsl.scavenger.slurm.
+  SlurmScavenger` pins every node it announces, in order);
+- refuses to hold more than ``node_cap`` pilots at once (:class:`NodeCapError`);
+- refuses a partition whose ``PreemptMode`` is ``OFF``, or a QOS ``sacctmgr`` does not show as
+  preemptible, unless ``allow_nonpreemptible=True``: scavenging must never delay the
+  facility's own jobs;
+- makes each pilot leave ``<signal_dir>/<job id>.term`` when it receives SIGTERM;
 - sends every shell call through one ``run`` function (tests pass a fake).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-from collections import deque
 
 import typeguard
 from parsl.launchers.base import Launcher
 from parsl.providers import SlurmProvider
 
-from malleparsl.errors import MalleparslError, SpecError
+from malleparsl.errors import SpecError
+from malleparsl.scavenger.pilots import NodeCapError, PinnedPilots
 from malleparsl.scavenger.shell import Runner, default_runner
 from malleparsl.scavenger.slurm_parse import parse_partition
 
 log = logging.getLogger(__name__)
 
-
-class NodeCapError(MalleparslError, RuntimeError):
-    """A pilot was requested while ``node_cap`` pilots are already held."""
+__all__ = ["NodeCapError", "ScavengingSlurmProvider"]
 
 
-class ScavengingSlurmProvider(SlurmProvider):
+class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
     """``SlurmProvider`` for preemptible one-node pilots pinned to chosen idle nodes.
 
     Parameters
     ----------
     partition, qos, account : str, optional
-        Where pilots go. The partition (or QOS) must be preemptible.
+        Where pilots go; the partition (or QOS) must be preemptible.
     node_cap : int
         Most pilots held at once (pending or running).
     walltime : str
@@ -52,7 +48,7 @@ class ScavengingSlurmProvider(SlurmProvider):
     allow_nonpreemptible : bool
         Permit a non-preemptible partition/QOS: only for tests or with the facility's consent.
     signal_dir : str, optional
-        Shared directory for the SIGTERM marker files (default: ``<script_dir>/preempt``).
+        Shared directory for SIGTERM marker files (default ``<script_dir>/preempt``).
     run : callable, optional
         ``run(cmd) -> CommandResult``; default: the shell with the current environment.
     """
@@ -86,6 +82,8 @@ class ScavengingSlurmProvider(SlurmProvider):
         self.node_cap = node_cap
         self.allow_nonpreemptible = allow_nonpreemptible
         self.signal_dir = signal_dir
+        self._init_pilots()
+        self._checked = False
         kw = {"launcher": launcher} if launcher is not None else {}
         super().__init__(
             partition=partition, qos=qos, account=account, nodes_per_block=1,
@@ -93,39 +91,6 @@ class ScavengingSlurmProvider(SlurmProvider):
             worker_init=worker_init, scheduler_options=scheduler_options, exclusive=exclusive,
             cmd_timeout=cmd_timeout, **kw,
         )
-        self.pilots: dict[str, str] = {}  # job id -> node
-        self.released: set[str] = set()  # job ids we cancelled ourselves
-        self._pins: deque[str] = deque()
-        self._lock = threading.Lock()
-        self._checked = False
-
-    # ---- the one door to the shell --------------------------------------------------------
-    def execute_wait(self, cmd: str, timeout: int | None = None) -> tuple[int, str, str]:
-        res = self.run(cmd)
-        return res.returncode, res.stdout, res.stderr
-
-    # ---- pinning and caps -------------------------------------------------------------------
-    def pin(self, node: str) -> None:
-        """The next :meth:`submit` (in FIFO order) goes to ``node``."""
-        with self._lock:
-            self._pins.append(node)
-
-    def unpin(self, node: str) -> bool:
-        """Forget a pin not used yet (the node was taken before its pilot was submitted)."""
-        with self._lock:
-            try:
-                self._pins.remove(node)
-                return True
-            except ValueError:
-                return False
-
-    def active_pilots(self) -> dict[str, str]:
-        """``{job id: node}`` of pilots not known to have ended."""
-        return {j: n for j, n in self.pilots.items()
-                if j in self.resources and not self.resources[j]["status"].terminal}
-
-    def node_of(self, job_id: str) -> str | None:
-        return self.pilots.get(job_id)
 
     def check_preemptible(self) -> None:
         """Raise SpecError unless the pilots' partition or QOS is preemptible (checked once)."""
@@ -134,15 +99,15 @@ class ScavengingSlurmProvider(SlurmProvider):
         if self.partition is not None:
             res = self.run(f"scontrol show partition {self.partition} -o")
             fields = parse_partition(res.stdout) if res.returncode == 0 else {}
+            if not fields:
+                raise SpecError(f"partition {self.partition!r} not found ({res.stderr.strip()});"
+                                " check the name with `sinfo -s`")
             mode = fields.get("PreemptMode", "").upper()
-            if res.returncode != 0 or not fields:
-                raise SpecError(f"partition {self.partition!r} not found ({res.stderr.strip()}); "
-                                "check the name with `sinfo -s`")
             if mode in ("", "OFF") and self.qos is None:
                 raise SpecError(
                     f"partition {self.partition!r} has PreemptMode={mode or '?'}: pilots there "
-                    "would block the facility's jobs; use a preemptible partition or QOS, or "
-                    "pass allow_nonpreemptible=True if the facility agrees"
+                    "would hold nodes the facility's jobs need; use a preemptible partition or "
+                    "QOS, or pass allow_nonpreemptible=True if the facility agrees"
                 )
         if self.qos is not None:
             res = self.run(f"sacctmgr -n -P show qos {self.qos} format=Name,PreemptMode")
@@ -157,44 +122,21 @@ class ScavengingSlurmProvider(SlurmProvider):
         self._checked = True
 
     def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.slurm") -> str:
-        """Submit one pilot on the next pinned node; raise NodeCapError at the cap."""
+        """Submit one pilot on the next pinned node; NodeCapError at the cap."""
         self.check_preemptible()
-        with self._lock:
-            if len(self.active_pilots()) >= self.node_cap:
-                raise NodeCapError(
-                    f"{len(self.active_pilots())} pilots already held, node_cap={self.node_cap}; "
-                    "release a node first or raise node_cap"
-                )
-            if not self._pins:
-                raise SpecError(
-                    "no node to pin this pilot to: call provider.pin(node) (the SlurmScavenger "
-                    "does it for every idle node it announces) before submitting"
-                )
-            node = self._pins.popleft()
+
+        def on(node: str) -> str:
             base_opts, base_init = self.scheduler_options, self.worker_init
             self.scheduler_options = base_opts + f"#SBATCH --nodelist={node}\n"
-            self.worker_init = self._trap_line() + base_init
+            self.worker_init = self.trap_line("SLURM_JOB_ID") + base_init
             try:
-                job_id = super().submit(command, tasks_per_node, job_name)
+                return SlurmProvider.submit(self, command, tasks_per_node, job_name)
             finally:
                 self.scheduler_options, self.worker_init = base_opts, base_init
-            self.pilots[job_id] = node
-        log.info("pilot %s submitted on node %s", job_id, node)
-        return job_id
 
-    def _trap_line(self) -> str:
-        d = self.preempt_dir()
-        if d is None:
-            return ""
-        return f"mkdir -p {d}; trap 'touch {d}/$SLURM_JOB_ID.term' TERM\n"
-
-    def preempt_dir(self) -> str | None:
-        if self.signal_dir is not None:
-            return self.signal_dir
-        sd = getattr(self, "script_dir", None)
-        return os.path.join(sd, "preempt") if sd else None
+        return self._pinned_submit(on)
 
     def cancel(self, job_ids: list[str]) -> list[bool]:
         """Cancel pilots (a deliberate release, not a preemption)."""
-        self.released.update(job_ids)
+        self._note_cancel(job_ids)
         return super().cancel(job_ids)

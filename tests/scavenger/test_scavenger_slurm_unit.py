@@ -212,3 +212,17 @@ def test_refuses_nonpreemptible_partition_and_missing_partition(fake):
         ScavengingSlurmProvider(run=f)
     with pytest.raises(SpecError, match="node_cap"):
         ScavengingSlurmProvider(partition="scavenger", node_cap=0, run=f)
+
+
+def test_cap_frees_up_as_soon_as_a_preemption_is_seen(fake):
+    f, prov = fake
+    src = SlurmScavenger(provider=prov, query_period_s=0, wall_clock=lambda: 1000.0)
+    src.poll(0.0)
+    jobs = [_submit(f, prov) for _ in range(3)]
+    f.jobs[jobs[0]][0] = "PREEMPTED"
+    f.nodes[f.jobs[jobs[0]][1]] = "allocated"
+    events = src.poll(1.0)
+    assert [e.kind for e in events] == ["taken", "idle"]  # n04 takes the freed slot
+    assert len(prov.active_pilots()) == 2  # Parsl has not polled status yet; we know anyway
+    _submit(f, prov)
+    assert f.jobs[max(f.jobs)][1] == "n04"

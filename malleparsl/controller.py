@@ -88,6 +88,20 @@ class KnownCurves(CurveAdvisor):
         return out
 
 
+class HorizonEstimator(ABC):
+    """Fills in, for nodes with no announced end, an estimate of when each stops being idle.
+
+    Set as ``Controller(horizon=...)``; the snapshot's ``node_end_s`` then covers every node,
+    so a horizon-aware policy can weigh rescale costs against how long nodes will last.
+    """
+
+    @abstractmethod
+    def estimate(
+        self, now_s: float, since_s: Mapping[NodeId, float], known_end_s: Mapping[NodeId, float]
+    ) -> dict[NodeId, float]:
+        """End times for the nodes in ``since_s`` (idle since); keep the known ones."""
+
+
 @dataclass
 class ReplanStats:
     """What one call to :meth:`Controller.replan` cost and did."""
@@ -122,6 +136,7 @@ class Controller:
     allocation: Allocation = field(default_factory=Allocation.empty)
     history: list[ReplanStats] = field(default_factory=list)
     keep_history: bool = True
+    horizon: HorizonEstimator | None = None
 
     def __post_init__(self) -> None:
         if self.max_active is not None and self.max_active < 1:
@@ -183,10 +198,13 @@ class Controller:
         return [j for j in self.jobs.values() if j.status is JobStatus.ACTIVE]
 
     def snapshot(self, now_s: float) -> ClusterSnapshot:
+        ends = {n: e for n, e in self.nodes.items() if e is not None}
+        if self.horizon is not None:
+            ends = self.horizon.estimate(now_s, self.node_since_s, ends)
         return ClusterSnapshot(
             now_s=now_s,
             nodes=tuple(self.nodes),
-            node_end_s={n: e for n, e in self.nodes.items() if e is not None},
+            node_end_s=ends,
             tfwd_s=self.tfwd_s,
         )
 

@@ -1,0 +1,116 @@
+"""What a simulation run measured: the summary figures, the per-event log, the per-job table.
+
+Kept apart from the engine so that reports, the CLI and tests read results without running
+anything. ``summary()`` gives the figures of the comparison table; ``pct_of_upper_bound`` is
+filled in by :func:`compare` once the ``upper-bound`` run of the same trace is known.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+EVENT_COLUMNS = [
+    "time_s",
+    "idle_nodes",
+    "used_nodes",
+    "active_jobs",
+    "queued_jobs",
+    "samples_per_s",
+    "solve_ms",
+    "changed_jobs",
+]
+SIZE_COLUMNS = ["time_s", "job", "nodes"]
+
+
+@dataclass
+class SimResult:
+    """Figures and logs of one simulated policy on one trace and workload."""
+
+    policy: str
+    trace: str
+    start_s: float
+    end_s: float
+    samples: float
+    idle_node_s: float
+    used_node_s: float
+    rescales: int
+    pause_s: float
+    preempt_pause_s: float
+    preempt_cost_samples: float
+    preemptions: int
+    jobs_done: int
+    jobs_submitted: int
+    solve_s: np.ndarray
+    wall_s: float
+    events: pd.DataFrame
+    sizes: pd.DataFrame
+    jobs: pd.DataFrame
+    replans: int
+    pct_of_upper_bound: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def summary(self) -> dict[str, Any]:
+        """One flat dict: the comparison-table row and the ``--json`` object."""
+        s = self.solve_s * 1e3 if len(self.solve_s) else np.zeros(1)
+        return {
+            "policy": self.policy,
+            "trace": self.trace,
+            "hours": round(self.duration_s / 3600, 3),
+            "samples": float(self.samples),
+            "samples_per_s": float(self.samples / self.duration_s) if self.duration_s else 0.0,
+            "pct_of_upper_bound": self.pct_of_upper_bound,
+            "utilisation": float(self.used_node_s / self.idle_node_s) if self.idle_node_s else 0.0,
+            "rescales": int(self.rescales),
+            "pause_s": float(self.pause_s),
+            "preemptions": int(self.preemptions),
+            "preempt_pause_s": float(self.preempt_pause_s),
+            "preempt_cost_samples": float(self.preempt_cost_samples),
+            "jobs_done": int(self.jobs_done),
+            "jobs_submitted": int(self.jobs_submitted),
+            "replans": int(self.replans),
+            "solver_median_ms": float(np.median(s)),
+            "solver_p95_ms": float(np.percentile(s, 95)),
+            "solver_max_ms": float(np.max(s)),
+            "wall_s": float(self.wall_s),
+            **self.extra,
+        }
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write the per-event log, size changes and per-job table as CSV under ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        safe = self.policy.replace("/", "_").replace("+", "_")
+        paths = {
+            "events": out / f"events_{safe}.csv",
+            "sizes": out / f"sizes_{safe}.csv",
+            "jobs": out / f"jobs_{safe}.csv",
+        }
+        self.events.to_csv(paths["events"], index=False)
+        self.sizes.to_csv(paths["sizes"], index=False)
+        self.jobs.to_csv(paths["jobs"], index=False)
+        return paths
+
+
+def compare(results: Sequence[SimResult]) -> list[dict[str, Any]]:
+    """Fill ``pct_of_upper_bound`` from the ``upper-bound`` run (if any); return summary rows."""
+    bound = next((r for r in results if r.policy == "upper-bound"), None)
+    if bound is not None and bound.samples > 0:
+        for r in results:
+            r.pct_of_upper_bound = 100.0 * r.samples / bound.samples
+    rows = [r.summary() for r in results]
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                row[k] = None
+    return rows

@@ -65,3 +65,5 @@ class SegmentOutcome:
     samples_per_s: float | None = None
     result: Any = None
     first_step_time: float | None = None  # wall time (time.time()) of this segment's first step
+    ckpt_save_s: float = 0.0  # seconds spent writing the stop checkpoint (excluded from rescale pauses)
+    ckpt_load_s: float = 0.0  # seconds spent reading the checkpoint at segment start (excluded too)

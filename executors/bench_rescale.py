@@ -1,0 +1,167 @@
+"""Rescale latency of the live system: decision -> first training step at the new size.
+
+:func:`measure_rescale_latency` starts a real :class:`MalleableExecutor` (emulated nodes through
+``LocalProvider``, one manager and one warm worker per node), runs one
+:func:`~malleparsl.executors.synthetic.synthetic_entry` job, and alternately takes a node away
+and lends a fresh one through a :class:`ManualNodeSource`. Each shrink and grow is a real
+rescale — stop key, checkpoint at a step boundary, all ranks exit, relaunch on the new nodes,
+a fresh gloo group — and the driver times it from the moment it set the stop key to the first
+step of the new segment, minus the checkpoint save and load time the ranks report.
+
+The allocation policy here is :class:`KeepAndFillPolicy`, a deterministic rule, because this
+measures the mechanism, not the decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
+from malleparsl.model import Allocation
+
+log = logging.getLogger(__name__)
+
+
+class KeepAndFillPolicy(AllocationPolicy):
+    """Each job (oldest first) keeps the nodes it holds and fills up to its maximum.
+
+    Deterministic and migration-free, so tests and benchmarks know which size a job gets:
+    a job keeps its surviving nodes, grows into free nodes up to ``hi``, and holds nothing when
+    fewer than ``lo`` nodes are available to it. Not registered by name: pass an instance.
+    """
+
+    def allocate(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> Allocation:
+        usable = set(snapshot.nodes)
+        taken: set[str] = set()
+        out: dict[str, frozenset[str]] = {}
+        for v in jobs:
+            keep = sorted(v.current & usable)[: v.hi]
+            taken |= set(keep)
+            out[v.job_id] = frozenset(keep)
+        for v in jobs:
+            have = set(out[v.job_id])
+            free = sorted(usable - taken)
+            have |= set(free[: max(0, v.hi - len(have))])
+            if len(have) < v.lo:
+                taken -= out[v.job_id]
+                out[v.job_id] = frozenset()
+                continue
+            taken |= have
+            out[v.job_id] = frozenset(have)
+        return Allocation(out)
+
+
+def local_malleable_config(*, node_source: Any = None, nodes: int | None = None,
+                           run_dir: str | None = None, **options: Any) -> Any:
+    """A Parsl ``Config`` with one :class:`MalleableExecutor` over emulated local nodes.
+
+    Like ``site_configs.local.local_config`` (which this layer may not import), tuned for
+    measuring: 0.1 s control polls, workers that import torch.distributed when a node starts.
+    """
+    from malleparsl.executors.executor import MalleableExecutor
+    from parsl.config import Config
+    from parsl.launchers import SimpleLauncher
+    from parsl.providers import LocalProvider
+
+    kw: dict[str, Any] = {
+        "address": "127.0.0.1",
+        "max_workers_per_node": 1,
+        "heartbeat_period": 1,
+        "heartbeat_threshold": 5,
+        "policy": KeepAndFillPolicy(),
+        "poll_period_s": 0.1,
+        "warm_modules": ("torch.distributed",),
+        "provider": LocalProvider(
+            init_blocks=0, min_blocks=0, max_blocks=10_000, nodes_per_block=1,
+            launcher=SimpleLauncher(),
+            worker_init=f"export PATH={os.path.dirname(sys.executable)}:$PATH",
+        ),
+    }
+    kw.update(options)
+    ex = MalleableExecutor(node_source=node_source, nodes=nodes, **kw)
+    return Config(executors=[ex], strategy="none",
+                  run_dir=run_dir or tempfile.mkdtemp(prefix="malleparsl-bench-"))
+
+
+def _wait(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def measure_rescale_latency(
+    *,
+    nodes: int = 3,
+    rescales: int = 6,
+    step_s: float = 0.05,
+    timeout_s: float = 120.0,
+    run_dir: str | None = None,
+) -> list[float]:
+    """Run ``rescales`` alternating shrinks and grows; return each pause in seconds.
+
+    Starts and shuts down its own executor (``nodes`` emulated nodes; needs ``nodes >= 2``).
+    The pause excludes checkpoint I/O, as the benchmark target asks.
+    """
+    from malleparsl.executors.manual_source import ManualNodeSource
+    from malleparsl.executors.synthetic import synthetic_entry
+
+    if nodes < 2:
+        raise ValueError(f"nodes must be >= 2 to shrink and grow, got {nodes!r}")
+    src = ManualNodeSource(nodes=[f"node-{i:02d}" for i in range(nodes)])
+    import parsl
+
+    dfk = parsl.load(local_malleable_config(node_source=src, run_dir=run_dir))
+    ex = dfk.executors["malleable"]
+    try:
+        ex.wait_for_nodes(nodes, timeout_s)
+        fut = ex.submit(
+            synthetic_entry,
+            {"malleable": {"job_id": "bench-rescale", "min_nodes": 1, "max_nodes": nodes}},
+            steps=10**9, step_s=step_s, ckpt_every=0, progress_every_s=0.05,
+        )
+        job = _job(ex, "bench-rescale", timeout_s)
+        _wait(lambda: len(job.nodes) == nodes and job.state.value == "running", timeout_s,
+              f"the job to run on {nodes} nodes")
+        fresh = 0
+        for i in range(rescales):
+            done = len([r for r in job.rescales if r.pause_s is not None])
+            _wait(lambda: fut.done() or _stepping(job), timeout_s, "the job to take steps")
+            if i % 2 == 0:
+                victim = sorted(job.nodes)[-1]
+                src.take(victim)
+            else:
+                fresh += 1
+                src.idle(f"node-x{fresh:02d}")
+            _wait(lambda d=done: fut.done() or len(
+                [r for r in job.rescales if r.pause_s is not None]) > d,
+                timeout_s, f"rescale {i + 1} to take its first step")
+            if fut.done():
+                fut.result()  # surfaces a failure of the job
+                raise RuntimeError("the benchmark job ended before its last rescale")
+        pauses = [r.pause_s for r in job.rescales if r.pause_s is not None]
+        log.info("rescale pauses (s): %s; median %.3f", [round(p, 3) for p in pauses],
+                 statistics.median(pauses))
+        return pauses
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+
+
+def _job(ex: Any, job_id: str, timeout_s: float) -> Any:
+    _wait(lambda: job_id in ex.control.jobs, timeout_s, f"job {job_id} to be admitted")
+    return ex.control.jobs[job_id]
+
+
+def _stepping(job: Any) -> bool:
+    """The job runs a segment that has reported progress (it is past its first steps)."""
+    seg = job.segment
+    return seg is not None and job.state.value == "running" and seg.last_progress_time is not None

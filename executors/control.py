@@ -1,0 +1,391 @@
+"""ControlLoop: the live control thread of a MalleableExecutor.
+
+One thread owns all decisions, so nothing needs a lock: node events (from the executor's
+listeners and a :class:`~malleparsl.scavenger.base.NodeSource`), job submissions and rank
+results arrive on one queue; the thread turns them into
+:class:`~malleparsl.controller.Controller` events, calls ``Controller.replan`` and moves every
+:class:`~malleparsl.executors.driver.MalleableJob` towards the controller's allocation. Every
+``poll_period_s`` it also polls the node source and reads the jobs' progress records (training
+rates go to ``Controller.observe``, measured rescale pauses to ``Controller.observe_rescale``).
+
+It serves the one ``torch.distributed.TCPStore`` through which ranks rendezvous and the
+driver signals stops; torch is imported in :meth:`ControlLoop.start`, not at module import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
+
+from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
+from malleparsl.controller import Controller, CurveAdvisor, JobState
+from malleparsl.errors import SpecError
+from malleparsl.model import Allocation, JobSpec, NodeId, ScalingCurve
+from malleparsl.scavenger.base import NodeEvent, NodeSource
+
+log = logging.getLogger(__name__)
+
+_SPEC_KEYS = ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s", "total_samples")
+
+
+class LinearPlaceholderAdvisor(CurveAdvisor):
+    """Plans with the job's own curve, or -- for a job without one -- ``rate(n) = n``.
+
+    A placeholder until the Job Profiling Advisor (:mod:`malleparsl.jpa`) learns curves online:
+    "linear from one node" gives every uncurved job the same, optimistic scaling, so the policy
+    spreads nodes evenly between such jobs and grows each to its maximum. Pass
+    ``advisor=JobProfilingAdvisor()`` to the executor to plan with measured rates instead.
+    """
+
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        out = []
+        for js in jobs:
+            spec = js.spec
+            curve = spec.curve or ScalingCurve(
+                tuple(range(1, spec.max_nodes + 1)),
+                tuple(float(n) for n in range(1, spec.max_nodes + 1)),
+                name=f"{spec.job_id}-linear-placeholder",
+            )
+            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
+        return out
+
+
+def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobSpec:
+    """Build the controller's :class:`JobSpec` from a job's malleable options dict.
+
+    ``job_id`` is generated when absent; ``curve`` is a list of ``[nodes, samples_per_s]``.
+    """
+    if not isinstance(options, Mapping):
+        raise SpecError(
+            f"malleable options must be a dict, got {type(options).__name__}; pass "
+            'resource_specification={"malleable": {"min_nodes": 1, "max_nodes": 4}}'
+        )
+    job_id = options.get("job_id") or f"job-{uuid.uuid4().hex[:10]}"
+    kw: dict[str, Any] = {k: options[k] for k in _SPEC_KEYS if options.get(k) is not None}
+    if "max_nodes" not in kw:
+        kw["max_nodes"] = max(1, int(kw.get("min_nodes", 1)))
+    curve = options.get("curve")
+    if curve is not None and not isinstance(curve, ScalingCurve):
+        try:
+            points = {int(n): float(r) for n, r in curve}
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"job {job_id!r}: curve must be a list of [nodes, samples_per_s] pairs, got "
+                f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
+            ) from None
+        curve = ScalingCurve.from_points(points, name=str(job_id))
+    return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
+
+
+def warm_node() -> int:
+    """A probe task that imports torch.distributed in a worker so segments start warm."""
+    import torch.distributed  # noqa: F401
+
+    return os.getpid()
+
+
+class ControlLoop:
+    """The live control loop: node events and job results in, segments launched and stopped.
+
+    Parameters
+    ----------
+    executor : object
+        The :class:`MalleableExecutor` (``submit_to_node``, ``add_node``, ``release_node``,
+        ``ready_nodes``, ``add_node_listener``).
+    policy : str or AllocationPolicy
+        A registered policy name (``malleparsl.allocator.policy_names()``) or an instance.
+    advisor : CurveAdvisor, optional
+        Defaults to :class:`LinearPlaceholderAdvisor` (the job's curve, else linear).
+    node_source : NodeSource, optional
+        Idle/taken node events; ``idle`` starts a pilot (``executor.add_node``), ``taken``
+        removes the node from the plan and releases its pilot after ``release_grace_s``.
+    ckpt_root : str, optional
+        Jobs checkpoint to ``<ckpt_root>/<job_id>`` unless their options give ``ckpt_dir``.
+    """
+
+    def __init__(
+        self,
+        *,
+        executor: Any,
+        policy: str | AllocationPolicy = "milp",
+        policy_options: Mapping[str, Any] | None = None,
+        advisor: CurveAdvisor | None = None,
+        node_source: NodeSource | None = None,
+        max_active: int | None = 10,
+        poll_period_s: float = 0.5,
+        ckpt_root: str | None = None,
+        store_host: str | None = None,
+        warm_nodes: bool = True,
+        release_grace_s: float = 10.0,
+        fail_grace_s: float = 30.0,
+        max_restarts: int = 10,
+        tfwd_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if poll_period_s <= 0:
+            raise SpecError(f"poll_period_s must be > 0, got {poll_period_s!r}")
+        self.executor = executor
+        pol = make_policy(policy, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        self.controller = Controller(
+            policy=pol,
+            advisor=advisor if advisor is not None else LinearPlaceholderAdvisor(),
+            max_active=max_active,
+            tfwd_s=tfwd_s,
+        )
+        self.node_source = node_source
+        self.poll_period_s = poll_period_s
+        run_dir = getattr(executor, "run_dir", None) or "."
+        self.ckpt_root = ckpt_root or os.path.join(run_dir, "malleable_ckpt")
+        self.store_host = store_host or "127.0.0.1"
+        self.warm_nodes = warm_nodes
+        self.release_grace_s = release_grace_s
+        self.fail_grace_s = fail_grace_s
+        self.max_restarts = max_restarts
+        self.clock = clock
+        self.jobs: dict[str, MalleableJob] = {}
+        self.replans = 0
+        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._node_end: dict[NodeId, float | None] = {}
+        self._releases: dict[NodeId, float] = {}  # node -> time to release its pilot
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Any = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve the TCPStore, subscribe to node events and start the control thread."""
+        import datetime
+
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(
+            self.store_host, 0, None, True,
+            timeout=datetime.timedelta(seconds=30), wait_for_workers=False,
+        )
+        self.store_port = self._store.port
+        self.executor.add_node_listener(self._on_node_event)
+        now = self.clock()
+        ready = set(self.executor.ready_nodes())
+        self.controller.add_nodes(ready, now_s=now)
+        for n in ready:
+            self._warm(n)
+        self._thread = threading.Thread(target=self._run, name="malleparsl-control", daemon=True)
+        self._thread.start()
+        log.info("control loop started: store %s:%d, %d node(s) ready",
+                 self.store_host, self.store_port, len(ready))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread; jobs not finished fail with :class:`JobAbortedError`."""
+        self._stop.set()
+        self._queue.put(("wake",))
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._abort_all("the executor shut down before the job finished")
+        if self.node_source is not None:
+            self.node_source.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- inputs (any thread) --------------------------------------------------------------
+    def submit_job(
+        self,
+        entry: Callable[..., Any],
+        options: Mapping[str, Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Future:
+        """Queue a malleable job; its future gets rank 0's result or the user's exception."""
+        if not self.alive:
+            raise RuntimeError("the control loop is not running; start the executor first")
+        spec = spec_from_options(options, now_s=self.clock())
+        opts = {**dict(options), "job_id": spec.job_id}
+        ckpt_dir = str(opts.get("ckpt_dir") or os.path.join(self.ckpt_root, spec.job_id))
+        opts["ckpt_dir"] = ckpt_dir
+        job = MalleableJob(
+            spec=spec, entry=entry, args=args, kwargs=kwargs, options=opts,
+            executor=self.executor, store=self._store, store_host=self.store_host,
+            store_port=self.store_port, ckpt_dir=ckpt_dir, post=self._queue.put,
+            clock=self.clock, max_restarts=int(opts.get("max_restarts", self.max_restarts)),
+            fail_grace_s=self.fail_grace_s,
+        )
+        self._queue.put(("submit", job))
+        return job.future
+
+    def _on_node_event(self, event: str, node: NodeId) -> None:
+        self._queue.put(("node", event, node))
+
+    # ---- the thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        next_tick = 0.0
+        try:
+            while not self._stop.is_set():
+                timeout = max(0.0, next_tick - time.monotonic())
+                dirty = False
+                try:
+                    ev = self._queue.get(timeout=timeout)
+                    dirty |= self._handle_safely(ev)
+                    while True:  # drain: one replan for a burst of events
+                        dirty |= self._handle_safely(self._queue.get_nowait())
+                except queue.Empty:
+                    pass
+                if time.monotonic() >= next_tick:
+                    dirty |= self._tick()
+                    next_tick = time.monotonic() + self.poll_period_s
+                if dirty and not self._stop.is_set():
+                    self._replan()
+        except BaseException as exc:  # never die silently: the futures would hang
+            log.exception("control loop died")
+            self._abort_all(f"the control loop died: {exc!r}")
+            raise
+
+    def _handle_safely(self, ev: tuple) -> bool:
+        try:
+            return self._handle(ev)
+        except Exception:
+            log.exception("control loop: error handling %r", ev[:3])
+            return True
+
+    def _handle(self, ev: tuple) -> bool:
+        now = self.clock()
+        kind = ev[0]
+        if kind == "submit":
+            job: MalleableJob = ev[1]
+            if job.job_id in self.jobs:
+                job.abort(SpecError(f"job id {job.job_id!r} is already in use; job ids must be unique"))
+                return False
+            self.jobs[job.job_id] = job
+            self.controller.submit(job.spec, now_s=now)
+            return True
+        if kind == "rank":
+            _, job_id, segment, rank, fut = ev
+            result = self.jobs[job_id].on_rank_done(segment, rank, fut)
+            return self._after_driver_event(job_id, result, now)
+        if kind == "node":
+            _, event, node = ev
+            if event == "ready":
+                self._releases.pop(node, None)
+                self.controller.add_nodes([node], now_s=now, end_s=self._ends(node))
+                self._warm(node)
+            elif event == "lost":
+                self._node_gone(node, now)
+            return True
+        return False  # "wake"
+
+    def _after_driver_event(self, job_id: str, ev: DriverEvent | None, now: float) -> bool:
+        if ev is None:
+            return False
+        job = self.jobs[job_id]
+        if ev in (DriverEvent.FINISHED, DriverEvent.FAILED):
+            self.controller.finish(job_id, now_s=now)
+        elif ev is DriverEvent.LOST:
+            gone = [n for n in job.last_lost if n in self.controller.nodes]
+            self.controller.remove_nodes(gone, now_s=now)
+        return True
+
+    def _node_gone(self, node: NodeId, now: float) -> None:
+        self.controller.remove_nodes([node], now_s=now)
+        self._node_end.pop(node, None)
+        for job in self.jobs.values():
+            job.node_lost(node)
+
+    def _ends(self, node: NodeId) -> dict[NodeId, float]:
+        end = self._node_end.get(node)
+        return {node: end} if end is not None else {}
+
+    def _warm(self, node: NodeId) -> None:
+        if not self.warm_nodes or getattr(self.executor, "warm_modules", None):
+            return  # the executor's own probe already imported what the ranks need
+        try:
+            self.executor.submit_to_node(node, warm_node)
+        except Exception as exc:
+            log.debug("warm-up of %s not submitted: %r", node, exc)
+
+    def _tick(self) -> bool:
+        now = self.clock()
+        dirty = False
+        if self.node_source is not None:
+            try:
+                events = self.node_source.poll(now)
+            except Exception:
+                log.exception("node source poll failed")
+                events = []
+            for e in events:
+                dirty = True
+                try:
+                    self._source_event(e, now)
+                except Exception:
+                    log.exception("node source event %s not applied", e)
+        busy = {n for j in self.jobs.values() for n in j.nodes}
+        for node, due in list(self._releases.items()):
+            if node not in busy or now >= due:
+                del self._releases[node]
+                try:
+                    self.executor.release_node(node)
+                except Exception:
+                    log.exception("release of node %s failed", node)
+        for job_id, job in list(self.jobs.items()):
+            dirty |= self._after_driver_event(job_id, job.tick(), now)
+            try:
+                prog = job.read_progress()
+            except Exception as exc:
+                log.debug("job %s: progress not read: %r", job_id, exc)
+                prog = None
+            if prog is not None and job_id in self.controller.jobs:
+                self.controller.observe(job_id, n_nodes=prog[0], samples_per_s=prog[1], now_s=now)
+            for rec in job.take_measured_rescales():
+                if rec.kind in ("up", "down"):
+                    self.controller.observe_rescale(job_id, kind=rec.kind, pause_s=rec.pause_s)
+        return dirty
+
+    def _source_event(self, e: NodeEvent, now: float) -> None:
+        if e.kind == "idle":
+            self._node_end[e.node] = e.end_s
+            self.executor.add_node(e.node, end_s=e.end_s)
+        else:  # taken: out of the plan now; pilot released once its ranks have stopped
+            self.controller.remove_nodes([e.node], now_s=now)
+            self._node_end.pop(e.node, None)
+            self._releases[e.node] = now + self.release_grace_s
+
+    def _replan(self) -> None:
+        now = self.clock()
+        try:
+            self.controller.replan(now_s=now)
+        except Exception:
+            log.exception("replan failed; keeping the current allocation")
+        self.replans += 1
+        alloc = self.controller.allocation
+        for job_id, job in self.jobs.items():
+            try:
+                job.reconcile(alloc.nodes_of(job_id))
+            except Exception:
+                log.exception("job %s: reconcile failed", job_id)
+
+    def _abort_all(self, why: str) -> None:
+        for job in list(self.jobs.values()):
+            job.abort(JobAbortedError(f"job {job.job_id!r}: {why}"))
+        while True:  # jobs submitted but never seen by the thread
+            try:
+                ev = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if ev[0] == "submit":
+                ev[1].abort(JobAbortedError(f"job {ev[1].job_id!r}: {why}"))
+
+    # ---- introspection --------------------------------------------------------------------
+    def rescale_pauses(self) -> list[float]:
+        """Every measured rescale pause (decision -> first step at the new size), in seconds."""
+        return [r.pause_s for j in self.jobs.values() for r in j.rescales
+                if r.pause_s is not None and r.kind in ("up", "down", "same")]

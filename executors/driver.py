@@ -1,0 +1,413 @@
+"""MalleableJob: one malleable training job run as a sequence of fixed-size segments.
+
+A segment is ``k`` rank tasks, one pinned to each of ``k`` nodes through
+``executor.submit_to_node``; the ranks form one process group through the control loop's
+``TCPStore`` (see :mod:`malleparsl.executors.protocol`). To change size the driver sets the
+job's stop key; the ranks checkpoint at the next step boundary and return ``stopped``; the
+driver then launches the next segment on the nodes the controller gives. A rank lost with its
+node fails the segment; the driver restarts it from the last checkpoint. A user exception fails
+the job's future with that exception and its original traceback.
+
+Threading: every method is called by the control loop's single thread. Rank futures resolve on
+Parsl's threads, so their callbacks only *post* ``("rank", job_id, segment, rank, future)`` to
+the control loop, which calls :meth:`MalleableJob.on_rank_done`. No locks are needed, and the
+job's future is resolved from one thread only: exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
+
+from malleparsl.errors import MalleparslError
+from malleparsl.model import JobSpec, NodeId
+
+log = logging.getLogger(__name__)
+
+
+class RestartLimitError(MalleparslError, RuntimeError):
+    """A job lost nodes more often than ``max_restarts`` allows; the last loss is its cause."""
+
+
+class JobAbortedError(MalleparslError, RuntimeError):
+    """The executor shut down (or the control loop died) before the job finished."""
+
+
+class JobState(str, Enum):
+    WAITING = "waiting"  # no segment running: before the first launch, after a stop or loss
+    RUNNING = "running"  # a segment runs; stop not requested
+    STOPPING = "stopping"  # stop key set (rescale or failure); waiting for the ranks to return
+    DONE = "done"  # the future is resolved
+
+
+class DriverEvent(str, Enum):
+    """What the end of a segment means for the controller."""
+
+    STOPPED = "stopped"  # relaunch at the controller's size
+    LOST = "lost"  # nodes died; relaunch from the checkpoint on the remaining nodes
+    FINISHED = "finished"  # the future holds rank 0's result
+    FAILED = "failed"  # the future holds the user's exception (or a restart-limit error)
+
+
+@dataclass
+class RescaleRecord:
+    """One relaunch: when it was decided and when the new segment took its first step.
+
+    ``pause_s`` is decision -> first step at the new size, minus checkpoint save/load time
+    when the ranks report it (``ckpt_save_s``/``ckpt_load_s`` on their outcomes).
+    """
+
+    job_id: str
+    kind: str  # "up", "down", "same" (e.g. a swap of nodes) or "restart" (after a lost node)
+    from_size: int
+    decided_s: float
+    segment: int = -1
+    to_size: int = 0
+    first_step_s: float | None = None
+    ckpt_io_s: float = 0.0
+    reported: bool = False
+
+    @property
+    def pause_s(self) -> float | None:
+        if self.first_step_s is None:
+            return None
+        return max(0.0, self.first_step_s - self.decided_s - self.ckpt_io_s)
+
+
+@dataclass
+class _Segment:
+    index: int
+    nodes: tuple[NodeId, ...]
+    started_s: float
+    outcomes: dict[int, SegmentOutcome] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+    error_order: list[int] = field(default_factory=list)
+    lost: set[NodeId] = field(default_factory=set)  # nodes reported gone during this segment
+    fail_deadline_s: float | None = None
+    last_progress_time: float | None = None
+
+    @property
+    def resolved(self) -> int:
+        return len(self.outcomes) + len(self.errors)
+
+
+def is_node_loss(exc: BaseException) -> bool:
+    """True for errors that mean "the node (or its worker) died", not "the user's code failed".
+
+    Parsl's ``ManagerLost``/``WorkerLost`` and any executor error whose class name ends in
+    ``Lost`` (a pinned task whose node vanished) count.
+    """
+    return any(t.__name__.endswith("Lost") for t in type(exc).__mro__)
+
+
+def _looks_collateral(exc: BaseException) -> bool:
+    """A rank error that is most likely a *consequence* of another rank failing (broken group)."""
+    names = {t.__name__ for t in type(exc).__mro__}
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}:
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in ("gloo", "connection closed", "connection reset", "timed out"))
+
+
+class MalleableJob:
+    """Runs one malleable job through its segments; see the module docstring for the protocol.
+
+    Parameters
+    ----------
+    spec : JobSpec
+        What the controller plans with (``job_id``, bounds, curve).
+    entry : callable
+        ``entry(rank_info, *args, **kwargs) -> SegmentOutcome``, picklable.
+    options : dict
+        The job's malleable options; passed to every rank in ``RankInfo.options``.
+    executor : object
+        Anything with ``submit_to_node(node, func, *args, **kwargs) -> Future``.
+    store : torch.distributed.Store
+        A client of the control loop's ``TCPStore`` at ``store_host:store_port``.
+    post : callable
+        Hands an event tuple to the control loop's queue (called on Parsl's threads).
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        entry: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        executor: Any,
+        store: Any,
+        store_host: str,
+        store_port: int,
+        ckpt_dir: str,
+        post: Callable[[tuple], None],
+        clock: Callable[[], float] = time.time,
+        max_restarts: int = 10,
+        fail_grace_s: float = 30.0,
+    ) -> None:
+        self.spec = spec
+        self.job_id = spec.job_id
+        self.entry = entry
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.options = dict(options or {})
+        self.executor = executor
+        self.store = store
+        self.store_host = store_host
+        self.store_port = store_port
+        self.ckpt_dir = ckpt_dir
+        self.post = post
+        self.clock = clock
+        self.max_restarts = max_restarts
+        self.fail_grace_s = fail_grace_s
+        self.future: Future = Future()
+        self.state = JobState.WAITING
+        self.segment: _Segment | None = None
+        self.next_index = 0
+        self.restarts = 0
+        self.last_lost: frozenset[NodeId] = frozenset()  # nodes the last failed segment lost
+        self.rescales: list[RescaleRecord] = []
+        self._pending: RescaleRecord | None = None
+        self._last_save_s = 0.0
+        os.makedirs(ckpt_dir, exist_ok=True)
+
+    # ---- placement ----------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[NodeId, ...]:
+        """The nodes the current segment runs on (empty when waiting or done)."""
+        return self.segment.nodes if self.segment is not None else ()
+
+    def reconcile(self, target: frozenset[NodeId]) -> None:
+        """Move towards the controller's node set: launch, or ask the running segment to stop."""
+        if self.state is JobState.DONE:
+            return
+        if self.state is JobState.WAITING:
+            if target:
+                self._launch(tuple(sorted(target)))
+            return
+        if self.state is JobState.RUNNING and frozenset(self.nodes) != target:
+            size = len(self.nodes)
+            self._pending = RescaleRecord(self.job_id, "", size, self.clock())
+            self._request_stop()
+
+    def _request_stop(self) -> None:
+        seg = self.segment
+        assert seg is not None  # noqa: S101 - internal invariant
+        self.state = JobState.STOPPING
+        self.store.set(stop_key(self.job_id), str(seg.index))
+        log.info("job %s: stop requested for segment %d", self.job_id, seg.index)
+
+    def _launch(self, nodes: tuple[NodeId, ...]) -> None:
+        index = self.next_index
+        self.next_index += 1
+        seg = _Segment(index=index, nodes=nodes, started_s=self.clock())
+        self.segment, self.state = seg, JobState.RUNNING
+        rec = self._pending
+        if rec is not None:
+            rec.segment, rec.to_size = index, len(nodes)
+            if rec.kind != "restart":
+                rec.kind = (
+                    "up" if len(nodes) > rec.from_size else "down" if len(nodes) < rec.from_size
+                    else "same"
+                )
+            rec.ckpt_io_s = self._last_save_s
+            self.rescales.append(rec)
+            self._pending = None
+        log.info("job %s: segment %d on %s", self.job_id, index, ",".join(nodes))
+        for rank, node in enumerate(nodes):
+            info = RankInfo(
+                job_id=self.job_id,
+                segment=index,
+                rank=rank,
+                world_size=len(nodes),
+                node=node,
+                nodes=nodes,
+                store_host=self.store_host,
+                store_port=self.store_port,
+                ckpt_dir=self.ckpt_dir,
+                options=self.options,
+            )
+            try:
+                fut = self.executor.submit_to_node(node, self.entry, info, *self.args, **self.kwargs)
+            except Exception as exc:  # the node vanished between plan and launch
+                log.warning("job %s: cannot submit rank %d to %s: %r", self.job_id, rank, node, exc)
+                fut = Future()
+                fut.set_exception(exc)
+                seg.lost.add(node)
+            fut.add_done_callback(
+                lambda f, s=index, r=rank: self.post(("rank", self.job_id, s, r, f))
+            )
+
+    # ---- segment results ----------------------------------------------------------------
+    def node_lost(self, node: NodeId) -> None:
+        """The executor or node source says ``node`` is gone; fail its segment fast."""
+        seg = self.segment
+        if seg is not None and node in seg.nodes and self.state is not JobState.DONE:
+            seg.lost.add(node)
+            self._start_failing(seg)
+
+    def _start_failing(self, seg: _Segment) -> None:
+        if seg.fail_deadline_s is None:
+            seg.fail_deadline_s = self.clock() + self.fail_grace_s
+        if self.state is JobState.RUNNING:
+            self._request_stop()  # survivors stop at the next step (or fail on the broken group)
+
+    def on_rank_done(self, segment: int, rank: int, fut: Future) -> DriverEvent | None:
+        """Record one rank's end; returns an event when the whole segment has ended."""
+        seg = self.segment
+        if self.state is JobState.DONE or seg is None or seg.index != segment:
+            log.debug("job %s: late result of segment %d rank %d ignored", self.job_id, segment, rank)
+            return None
+        exc = fut.exception()
+        if exc is None:
+            out = fut.result()
+            if not isinstance(out, SegmentOutcome):
+                exc = TypeError(
+                    f"job {self.job_id!r}: the entry returned {type(out).__name__}, expected a "
+                    "SegmentOutcome; wrap the training function with malleparsl.apps"
+                )
+            else:
+                seg.outcomes[rank] = out
+        if exc is not None:
+            seg.errors[rank] = exc
+            seg.error_order.append(rank)
+            self._start_failing(seg)
+        if seg.resolved == len(seg.nodes):
+            return self._conclude(seg)
+        return None
+
+    def tick(self) -> DriverEvent | None:
+        """Give up waiting for ranks that neither return nor fail after a failure."""
+        seg = self.segment
+        if (
+            self.state is not JobState.DONE
+            and seg is not None
+            and seg.fail_deadline_s is not None
+            and self.clock() > seg.fail_deadline_s
+        ):
+            log.warning("job %s: %d rank(s) of segment %d still silent after %.0f s; concluding",
+                        self.job_id, len(seg.nodes) - seg.resolved, seg.index, self.fail_grace_s)
+            return self._conclude(seg)
+        return None
+
+    def _conclude(self, seg: _Segment) -> DriverEvent:
+        self.segment = None
+        lost_ranks = [r for r in seg.error_order if is_node_loss(seg.errors[r])]
+        lost = {seg.nodes[r] for r in lost_ranks} | seg.lost
+        self._last_save_s = max(
+            (float(getattr(o, "ckpt_save_s", 0.0) or 0.0) for o in seg.outcomes.values()),
+            default=0.0,
+        )
+        self._record_first_step(seg)
+        if seg.errors or lost:
+            if lost or lost_ranks:
+                return self._restart_after_loss(seg, lost)
+            primary = self._primary_error(seg)
+            log.info("job %s: user code failed in segment %d: %r", self.job_id, seg.index, primary)
+            self._resolve(exc=primary)
+            return DriverEvent.FAILED
+        rank0 = seg.outcomes.get(0)
+        if rank0 is not None and rank0.status == "finished":
+            self._resolve(result=rank0.result)
+            return DriverEvent.FINISHED
+        self.state = JobState.WAITING
+        return DriverEvent.STOPPED
+
+    def _restart_after_loss(self, seg: _Segment, lost: set[NodeId]) -> DriverEvent:
+        self.restarts += 1
+        first = next((seg.errors[r] for r in seg.error_order if is_node_loss(seg.errors[r])), None)
+        if self.restarts > self.max_restarts:
+            err = RestartLimitError(
+                f"job {self.job_id!r} lost nodes {self.restarts} times (max_restarts="
+                f"{self.max_restarts}); raise max_restarts in its malleable options to keep going"
+            )
+            err.__cause__ = first
+            self._resolve(exc=err)
+            return DriverEvent.FAILED
+        log.warning("job %s: segment %d lost node(s) %s; restarting from the last checkpoint",
+                    self.job_id, seg.index, sorted(lost))
+        self.last_lost = frozenset(lost)
+        self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
+        self.state = JobState.WAITING
+        return DriverEvent.LOST
+
+    def _primary_error(self, seg: _Segment) -> BaseException:
+        """The user's own exception: the first error that is not a broken-group consequence."""
+        errs = [seg.errors[r] for r in seg.error_order]
+        return next((e for e in errs if not _looks_collateral(e)), errs[0])
+
+    def _record_first_step(self, seg: _Segment) -> None:
+        for rec in self.rescales:
+            if rec.segment == seg.index and rec.first_step_s is None:
+                times = [o.first_step_time for o in seg.outcomes.values() if o.first_step_time]
+                if times:
+                    rec.first_step_s = max(times)
+                    rec.ckpt_io_s += max(
+                        (float(getattr(o, "ckpt_load_s", 0.0) or 0.0) for o in seg.outcomes.values()),
+                        default=0.0,
+                    )
+
+    # ---- progress and end -----------------------------------------------------------------
+    def read_progress(self) -> tuple[int, float] | None:
+        """``(nodes, samples_per_s)`` if rank 0 wrote a new progress record since the last read."""
+        seg = self.segment
+        if seg is None or self.state is not JobState.RUNNING:
+            return None
+        key = progress_key(self.job_id, seg.index)
+        if not self.store.check([key]):
+            return None
+        try:
+            rec = json.loads(self.store.get(key))
+        except (ValueError, RuntimeError) as exc:
+            log.debug("job %s: unreadable progress record: %r", self.job_id, exc)
+            return None
+        t, rate = rec.get("time"), rec.get("samples_per_s")
+        if rate is None or t == seg.last_progress_time:
+            return None
+        seg.last_progress_time = t
+        first = rec.get("first_step_time")
+        for r in self.rescales:
+            if r.segment == seg.index and r.first_step_s is None and first:
+                r.first_step_s = float(first)
+                r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
+        return len(seg.nodes), float(rate)
+
+    def take_measured_rescales(self) -> list[RescaleRecord]:
+        """Rescales whose pause became known since the last call (for ``observe_rescale``)."""
+        out = [r for r in self.rescales if r.pause_s is not None and not r.reported]
+        for r in out:
+            r.reported = True
+        return out
+
+    def abort(self, exc: BaseException) -> None:
+        """Fail the future (shutdown); running ranks are asked to stop."""
+        if self.state is JobState.DONE:
+            return
+        seg = self.segment
+        if seg is not None:
+            try:
+                self.store.set(stop_key(self.job_id), str(seg.index))
+            except Exception as err:  # the store may already be gone at shutdown
+                log.debug("job %s: could not set the stop key: %r", self.job_id, err)
+        self._resolve(exc=exc)
+
+    def _resolve(self, *, result: Any = None, exc: BaseException | None = None) -> None:
+        self.state = JobState.DONE
+        self.segment = None
+        try:
+            if exc is not None:
+                self.future.set_exception(exc)
+            else:
+                self.future.set_result(result)
+        except InvalidStateError:  # cancelled by the user: nothing to deliver
+            log.info("job %s: future was already resolved or cancelled", self.job_id)

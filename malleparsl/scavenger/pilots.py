@@ -16,6 +16,7 @@ needed, what state a pilot is in). The decisions are the same and live here:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -99,23 +100,43 @@ class PinnedPilots:
             return ""
         return f"mkdir -p {d}; trap 'touch {d}/${job_id_var}.term' TERM\n"
 
-    def _pinned_submit(self, submit: Callable[[str], str]) -> str:
-        """Take the next pin, check the cap, call ``submit(node)``, record the pilot."""
+    def _pinned_submit(self, submit: Callable[[str], str], node: str | None = None) -> str:
+        """Check the cap, call ``submit(node)``, record the pilot. ``node`` None = the next pin
+        (FIFO); a named node also drops its pending pin, if any."""
         with self._pin_lock:
             held = len(self.active_pilots())
             if held >= self.node_cap:
                 raise NodeCapError(f"{held} pilots already held, node_cap={self.node_cap}; "
                                    "release a node first or raise node_cap")
-            if not self._pins:
+            if node is not None:
+                with contextlib.suppress(ValueError):
+                    self._pins.remove(node)
+            elif self._pins:
+                node = self._pins.popleft()
+            else:
                 raise SpecError(
-                    "no node to pin this pilot to: call provider.pin(node) (the scavenger does "
-                    "it for every idle node it announces) before submitting"
+                    "no node to pin this pilot to: use submit_to_node(..., node=name), or "
+                    "provider.pin(node) first (the scavenger pins every node it announces)"
                 )
-            node = self._pins.popleft()
             job_id = submit(node)
             self.pilots[job_id] = node
         log.info("pilot %s submitted on node %s", job_id, node)
         return job_id
+
+    def submit_to_node(
+        self, command: str, tasks_per_node: int, job_name: str = "parsl.pilot", *, node: str
+    ) -> str:
+        """Submit one pilot pinned to ``node`` (what ``MalleableExecutor.add_node`` calls)."""
+        return self._submit_pilot(command, tasks_per_node, job_name, node)
+
+    def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.pilot") -> str:
+        """Submit one pilot on the next pinned node (Parsl's own block launches)."""
+        return self._submit_pilot(command, tasks_per_node, job_name, None)
+
+    def _submit_pilot(
+        self, command: str, tasks_per_node: int, job_name: str, node: str | None
+    ) -> str:
+        raise NotImplementedError
 
     def _note_cancel(self, job_ids: list[str]) -> None:
         self.released.update(job_ids)
@@ -142,12 +163,14 @@ class PilotScavenger(NodeSource):
         query_period_s: float = 1.0,
         claim_timeout_s: float = 15.0,
         cooldown_s: float = 30.0,
+        retake_after_s: float = 3.0,
         min_idle_s: float = 0.0,
         run: Runner | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
         for name, v in (("query_period_s", query_period_s), ("claim_timeout_s", claim_timeout_s),
-                        ("cooldown_s", cooldown_s), ("min_idle_s", min_idle_s)):
+                        ("cooldown_s", cooldown_s), ("retake_after_s", retake_after_s),
+                        ("min_idle_s", min_idle_s)):
             if v < 0:
                 raise SpecError(f"{name} must be >= 0 seconds, got {v!r}")
         self.provider = provider
@@ -157,6 +180,7 @@ class PilotScavenger(NodeSource):
         self.query_period_s = query_period_s
         self.claim_timeout_s = claim_timeout_s
         self.cooldown_s = cooldown_s
+        self.retake_after_s = retake_after_s
         self.min_idle_s = min_idle_s
         self.run = run or provider.run
         self.wall_clock = wall_clock or time.time
@@ -216,8 +240,7 @@ class PilotScavenger(NodeSource):
             node = self.provider.node_of(job_id)
             h = self.held.get(node) if node is not None else None
             if h is not None and h.job_id in (job_id, None):
-                del self.held[node]
-                self.provider.ended.add(job_id)
+                self._lost(node, job_id, self.wall_clock())
                 log.info("pilot %s on %s got SIGTERM: node taken", job_id, node)
                 events.append(NodeEvent("taken", node, now_s))
         return events
@@ -258,10 +281,16 @@ class PilotScavenger(NodeSource):
                 # queued too long (someone else got the node) or requeued after preemption
                 self.provider.cancel([h.job_id])  # type: ignore[attr-defined]
             log.info("pilot %s on %s is %s: node taken", h.job_id, node, state or "gone")
-            self.provider.ended.add(h.job_id)
-            del self.held[node]
+            self._lost(node, h.job_id, wall)
             events.append(NodeEvent("taken", node, now_s))
         return events
+
+    def _lost(self, node: str, job_id: str, wall: float) -> None:
+        """The node's pilot ended without our asking: forget it, and let the executor drop
+        its record before the node may be announced again."""
+        self.provider.ended.add(job_id)
+        del self.held[node]
+        self.cooldown_until[node] = wall + self.retake_after_s
 
     # ---- discovery ----------------------------------------------------------------------
     def _discover(self, now_s: float, wall: float) -> list[NodeEvent]:

@@ -121,20 +121,21 @@ class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
                 )
         self._checked = True
 
-    def submit(self, command: str, tasks_per_node: int, job_name: str = "parsl.slurm") -> str:
-        """Submit one pilot on the next pinned node; NodeCapError at the cap."""
+    def _submit_pilot(
+        self, command: str, tasks_per_node: int, job_name: str, node: str | None
+    ) -> str:
         self.check_preemptible()
 
-        def on(node: str) -> str:
+        def on(target: str) -> str:
             base_opts, base_init = self.scheduler_options, self.worker_init
-            self.scheduler_options = base_opts + f"#SBATCH --nodelist={node}\n"
+            self.scheduler_options = base_opts + f"#SBATCH --nodelist={target}\n"
             self.worker_init = self.trap_line("SLURM_JOB_ID") + base_init
             try:
                 return SlurmProvider.submit(self, command, tasks_per_node, job_name)
             finally:
                 self.scheduler_options, self.worker_init = base_opts, base_init
 
-        return self._pinned_submit(on)
+        return self._pinned_submit(on, node)
 
     def cancel(self, job_ids: list[str]) -> list[bool]:
         """Cancel pilots (a deliberate release, not a preemption)."""

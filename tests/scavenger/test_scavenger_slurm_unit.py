@@ -132,7 +132,7 @@ def test_end_estimate_used_when_only_soon_nodes_remain(fake):
 
 def test_preempted_gone_and_requeued_pilots_are_taken_released_ones_silent(fake):
     f, prov = fake
-    src = SlurmScavenger(provider=prov, query_period_s=0, cooldown_s=100,
+    src = SlurmScavenger(provider=prov, query_period_s=0, cooldown_s=100, retake_after_s=0,
                          wall_clock=lambda: 1000.0)
     src.poll(0.0)
     a, b, c = (_submit(f, prov) for _ in range(3))
@@ -226,3 +226,13 @@ def test_cap_frees_up_as_soon_as_a_preemption_is_seen(fake):
     assert len(prov.active_pilots()) == 2  # Parsl has not polled status yet; we know anyway
     _submit(f, prov)
     assert f.jobs[max(f.jobs)][1] == "n04"
+
+
+def test_submit_to_node_pins_that_node_and_consumes_its_announcement(fake):
+    f, prov = fake
+    src = SlurmScavenger(provider=prov, query_period_s=0, wall_clock=lambda: 1000.0)
+    announced = [e.node for e in src.poll(0.0)]
+    job = prov.submit_to_node("true", 1, "parsl.t", node=announced[1])
+    assert prov.node_of(job) == announced[1]
+    rest = [prov.node_of(prov.submit("true", 1, "parsl.t")) for _ in range(2)]
+    assert rest == [announced[0], announced[2]]  # the FIFO skipped the node taken by name

@@ -1,0 +1,304 @@
+"""The Job Profiling Advisor: learns every job's scaling curve online and hands it to the policy.
+
+The rule that splits jobs (AITurbo's predictable / unpredictable) and combines the two groups:
+
+**A job is unpredictable until its rate is stable at one size** (or it arrives with a curve: a
+user's, or a prior from a finished job with the same ``profile_key``). Unpredictable jobs are
+probed, one at a time per node budget, in order of **least attained service** (node-seconds
+received so far, then admission order): a probe gives the job exactly ``min_nodes`` nodes until
+its rate there is stable (warm-up readings excluded) or it falls silent. Probes take at most
+``max_probe_frac`` of the nodes and, while any predictable job exists, start only while probe
+node-seconds stay within ``probe_share`` of all node-seconds used (plus one probe's worth of
+credit). Everything else goes to the policy (the MILP): predictable jobs with their learned
+curves, unpredictable jobs not being probed with a negligible curve (they get only nodes no
+predictable job gains from, which also yields measurements).
+
+The curve a predictable job is planned with is **optimistic where unexplored, within the
+linear bound**: ``min(mean + kappa * sigma, best measured per-node rate * n)``. Near measured
+sizes sigma is the measurement error; between and beyond them it is the disagreement of the
+model structures that fit the data, so sizes where the structures disagree look attractive until
+someone runs there — and every run segment at any size is a measurement. Optimism never exceeds
+linear scaling from the best per-node rate seen (no job is promised super-linear speed-up), and
+``explore_factor`` (off by default) can also cap growth to that multiple of the largest explored
+size, flat beyond. Rescale pauses measured live replace the spec's values.
+
+A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
+without a usable reading and is retried after an exponential back-off; its probe node-seconds
+count as service, so the other unknown jobs go first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.controller import CurveAdvisor, JobState
+from malleparsl.errors import SpecError
+from malleparsl.jpa.estimate import CurveEstimate
+from malleparsl.jpa.knowledge import JobRecord, Probe
+from malleparsl.model import Allocation, JobSpec, ScalingCurve
+
+log = logging.getLogger(__name__)
+
+
+def profile_key(spec: JobSpec) -> str | None:
+    """Jobs with the same key share a prior: ``meta['profile_key']``, else the model name."""
+    key = spec.meta.get("profile_key") if spec.meta else None
+    return str(key) if key else (spec.model or None)
+
+
+class JobProfilingAdvisor(CurveAdvisor):
+    """Learns scaling curves from the monitor's samples/s; see the module docstring for the rule.
+
+    >>> from malleparsl.controller import Controller
+    >>> from malleparsl.jpa.policy import ProbeFirst
+    >>> jpa = JobProfilingAdvisor()
+    >>> ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="equal-share"), advisor=jpa)
+    """
+
+    def __init__(
+        self,
+        *,
+        kappa: float = 1.0,
+        explore_factor: float | None = None,
+        default_noise: float = 0.05,
+        probe_timeout_s: float = 900.0,
+        probe_share: float = 0.02,
+        max_probe_frac: float = 0.1,
+        stable_tol: float = 0.03,
+        min_obs: int = 2,
+        max_obs: int = 4,
+        warmup_obs: int = 1,
+        window: int = 16,
+        share_priors: bool = True,
+        prior_weight: float = 0.5,
+    ) -> None:
+        for name, v, lo in [
+            ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
+            ("probe_share", probe_share, 0.0), ("max_probe_frac", max_probe_frac, 0.0),
+            ("stable_tol", stable_tol, 0.0), ("prior_weight", prior_weight, 0.0),
+        ]:
+            if not (math.isfinite(v) and v >= lo):
+                raise SpecError(f"JobProfilingAdvisor: {name} must be a finite number >= {lo}, got {v!r}")
+        if explore_factor is not None and not explore_factor >= 1:
+            raise SpecError(f"explore_factor must be >= 1 (1 = never beyond explored), got {explore_factor!r}")
+        if not probe_timeout_s > 0:
+            raise SpecError(f"probe_timeout_s must be > 0 seconds, got {probe_timeout_s!r}")
+        if not 1 <= min_obs <= max_obs:
+            raise SpecError(f"need 1 <= min_obs <= max_obs, got {min_obs!r}, {max_obs!r}")
+        if warmup_obs < 0 or window < max_obs:
+            raise SpecError(f"need warmup_obs >= 0 and window >= max_obs, got {warmup_obs!r}, {window!r}")
+        self.kappa, self.explore_factor, self.default_noise = kappa, explore_factor, default_noise
+        self.probe_timeout_s, self.probe_share, self.max_probe_frac = (
+            probe_timeout_s, probe_share, max_probe_frac)
+        self.stable_tol, self.min_obs, self.max_obs = stable_tol, min_obs, max_obs
+        self.warmup_obs, self.window = warmup_obs, window
+        self.share_priors, self.prior_weight = share_priors, prior_weight
+        self.records: dict[str, JobRecord] = {}
+        self.priors: dict[str, CurveEstimate] = {}
+        self.pause_pool: dict[str, list[float]] = {"up": [], "down": []}
+        self.used_ns = 0.0  # node-seconds held by all jobs
+        self.probe_ns = 0.0  # of which during probes
+        self.finished: dict[str, dict] = {}  # job -> summary, for reports
+        self.decisions: dict[tuple[str, int], list[float]] = {}  # (job, size) -> [w, w*pred]
+        self._last_now: float | None = None
+        self._alloc_since = 0.0
+        self._last_pred: dict[str, np.ndarray] = {}
+        self._order = 0
+
+    # ---- events -------------------------------------------------------------------------
+    def register(self, spec: JobSpec, now_s: float) -> None:
+        prior, user = None, False
+        if spec.curve is not None:
+            prior, user = _curve_as_estimate(spec.curve, spec.max_nodes), True
+        elif self.share_priors and (key := profile_key(spec)) in self.priors:
+            prior = self.priors[key]
+        self._order += 1
+        self.records[spec.job_id] = JobRecord(
+            spec=spec, registered_s=now_s, order=self._order, window=self.window,
+            warmup_obs=self.warmup_obs, prior=prior, prior_is_user=user,
+            prior_weight=4.0 if user else self.prior_weight,
+        )
+
+    def forget(self, job_id: str) -> None:
+        rec = self.records.pop(job_id, None)
+        self._last_pred.pop(job_id, None)
+        if rec is None:
+            return
+        est = rec.estimate(max(rec.spec.max_nodes, 1), default_noise=self.default_noise)
+        if est is not None and rec.measured_sizes:
+            key = profile_key(rec.spec)
+            if self.share_priors and key:
+                self.priors[key] = est
+        self.finished[job_id] = {
+            "spec": rec.spec, "estimate": est, "ran_ns": dict(rec.ran_ns),
+            "probe_ns": rec.probe_ns, "dropped": rec.dropped_zero,
+            "probe_failures": rec.probe_failures,
+        }
+
+    def observe(self, job_id: str, n_nodes: int, samples_per_s: float, now_s: float) -> None:
+        rec = self.records.get(job_id)
+        if rec is None:
+            log.debug("reading for job %r that is not admitted (or finished); ignored", job_id)
+            return
+        rec.add_rate(int(n_nodes), samples_per_s, now_s)
+
+    def observe_rescale(self, job_id: str, kind: str, pause_s: float) -> None:
+        rec = self.records.get(job_id)
+        if rec is not None and rec.add_pause(kind, pause_s):
+            self.pause_pool[kind].append(float(pause_s))
+
+    # ---- classification -----------------------------------------------------------------
+    def predictable(self, rec: JobRecord) -> bool:
+        """The rule's split: a stable rate at some size, or a curve given / inherited."""
+        return rec.prior is not None or bool(
+            rec.stable_sizes(tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs)
+        )
+
+    def probe_requests(self) -> dict[str, int]:
+        """Jobs to run at exactly this many nodes now, most urgent (least served) first."""
+        recs = [r for r in self.records.values() if r.probe is not None]
+        recs.sort(key=lambda r: (r.attained_ns, r.order))
+        return {r.job_id: r.probe.size for r in recs}  # type: ignore[union-attr]
+
+    # ---- the view the policy plans with -------------------------------------------------
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        now = snapshot.now_s
+        self._account(now, allocation)
+        recs = []
+        for js in jobs:
+            if js.spec.job_id not in self.records:
+                self.register(js.spec, now)
+            recs.append(self.records[js.spec.job_id])
+        self._update_probes(now, recs, allocation, len(snapshot.nodes))
+        n_nodes = len(snapshot.nodes)
+        known = {r.job_id for r in recs if self.predictable(r)}
+        eps = 1e-6 * max([self._per_node(r) for r in recs if r.job_id in known] + [1.0])
+        out = []
+        for rec in recs:
+            spec = self._spec_with_pauses(rec)
+            current = allocation.nodes_of(rec.job_id)
+            n_tab = max(spec.min_nodes, min(spec.max_nodes, max(n_nodes, 1)))
+            curve = self.planning_curve(rec, n_tab) if rec.job_id in known else None
+            if curve is None:
+                curve = ScalingCurve((1, n_tab) if n_tab > 1 else (1,),
+                                     (eps, eps * n_tab) if n_tab > 1 else (eps,), name=rec.job_id)
+            if rec.probe is not None:
+                out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size))
+            else:
+                out.append(JobView(spec, curve, current))
+        return out
+
+    def planning_curve(self, rec: JobRecord, n_tab: int) -> ScalingCurve | None:
+        """``min(mean + kappa sigma, linear bound)``; flat past ``explore_factor`` x explored."""
+        est = rec.estimate(n_tab, default_noise=self.default_noise)
+        if est is None:
+            return None
+        self._last_pred[rec.job_id] = est.mean
+        explored = rec.explored() or [1]
+        limit = n_tab
+        if self.explore_factor is not None:
+            top = max(explored)
+            limit = int(min(n_tab, max(math.floor(self.explore_factor * top), top + 1)))
+        n = np.arange(1, n_tab + 1)
+        per_node = self._per_node(rec, est)
+        ucb = np.minimum(est.mean[1:] + self.kappa * est.sigma[1:], per_node * n)
+        plan = np.maximum(ucb, 0.0)
+        if limit < n_tab:
+            plan[limit:] = plan[limit - 1]
+        return ScalingCurve(tuple(int(k) for k in n), tuple(float(v) for v in plan), name=rec.job_id)
+
+    # ---- internals ----------------------------------------------------------------------
+    def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
+        """The best samples/s per node seen (own data, else the prior): the linear bound."""
+        if rec.obs:
+            return max(float(np.mean(x)) / n for n, x in rec.obs.items() if x)
+        if rec.prior is not None:
+            return max(rec.prior.rate(n) / n for n in rec.prior.measured)
+        return 0.0 if est is None else float(np.max(est.mean[1:] / np.arange(1, est.n_max + 1)))
+
+    def _spec_with_pauses(self, rec: JobRecord) -> JobSpec:
+        up, down = rec.rescale_cost("up"), rec.rescale_cost("down")
+        if up is None and down is None:
+            return rec.spec
+        return dataclasses.replace(
+            rec.spec,
+            rescale_up_s=rec.spec.rescale_up_s if up is None else up,
+            rescale_down_s=rec.spec.rescale_down_s if down is None else down,
+        )
+
+    def _account(self, now: float, allocation: Allocation) -> None:
+        """Integrate node-seconds held since the last call (service, probes, decisions)."""
+        dt = 0.0 if self._last_now is None else max(now - self._last_now, 0.0)
+        self._alloc_since = now if self._last_now is None else self._last_now
+        self._last_now = now
+        if dt <= 0:
+            return
+        for job, nodes in allocation.assignment.items():
+            rec = self.records.get(job)
+            k = len(nodes)
+            ns = k * dt
+            self.used_ns += ns
+            if rec is None:
+                continue
+            rec.attained_ns += ns
+            rec.ran_ns[k] = rec.ran_ns.get(k, 0.0) + ns
+            if rec.probe is not None and k == rec.probe.size:
+                rec.probe_ns += ns
+                self.probe_ns += ns
+            pred = self._last_pred.get(job)
+            if pred is not None and k < pred.size:
+                acc = self.decisions.setdefault((job, k), [0.0, 0.0])
+                acc[0] += ns
+                acc[1] += ns * float(pred[k])
+
+    def _update_probes(
+        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int
+    ) -> None:
+        """End finished or timed-out probes; start new ones in least-attained-service order."""
+        for rec in recs:
+            p = rec.probe
+            if p is None:
+                continue
+            if p.started_s is None and allocation.size(rec.job_id) == p.size:
+                p.started_s = self._alloc_since  # the replan that placed it
+            if rec.stable(p.size, tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs):
+                log.info("job %r: probe at %d nodes done", rec.job_id, p.size)
+                rec.probe = None
+            elif (p.started_s is not None
+                  and now - max(p.started_s, rec.last_obs_s) > self.probe_timeout_s):
+                rec.probe_failures += 1
+                rec.next_probe_s = now + self.probe_timeout_s * 2 ** rec.probe_failures
+                log.warning("job %r: no stable rate after a %.0f s probe at %d nodes; retry "
+                            "after %.0f s", rec.job_id, self.probe_timeout_s, p.size,
+                            rec.next_probe_s - now)
+                rec.probe = None
+        any_known = any(self.predictable(r) for r in recs)
+        cap = max(1, math.floor(self.max_probe_frac * n_nodes))
+        in_use = sum(r.probe.size for r in recs if r.probe is not None)
+        waiting = [r for r in recs if r.probe is None and not self.predictable(r)
+                   and now >= r.next_probe_s]
+        waiting.sort(key=lambda r: (r.attained_ns, r.order))
+        credit = self.probe_timeout_s  # one probe's worth at one node
+        for rec in waiting:
+            size = rec.spec.min_nodes
+            if size > n_nodes or in_use + size > cap:
+                continue
+            if any_known and self.probe_ns > self.probe_share * self.used_ns + credit:
+                break
+            rec.probe = Probe(size=size, requested_s=now)
+            in_use += size
+
+
+def _curve_as_estimate(curve: ScalingCurve, n_max: int) -> CurveEstimate:
+    """A user's curve as a prior: its points are 'measured', interpolated in between."""
+    n = max(n_max, curve.max_measured)
+    mean = curve.rates_upto(n)
+    return CurveEstimate(mean=mean, sigma=0.02 * mean, measured=tuple(curve.nodes))

@@ -1,0 +1,155 @@
+"""From measured points to a scaling curve with an uncertainty: a small ensemble of models.
+
+No single structure fits every job (a curve may saturate, drop at two nodes, or fall past a
+peak), and with two or three measured sizes several structures fit equally well yet disagree
+about the sizes nobody ran. So every structure of :mod:`~malleparsl.jpa.models` that the data
+can pin down (no more coefficients than distinct sizes) is fitted, weighted by its Akaike
+weight (fit quality at the measured noise, minus two per coefficient), and
+
+- the *mean* curve is the weighted mean of their predictions;
+- the *uncertainty* is their weighted spread (model uncertainty, large far from the data)
+  combined with the measurement error of the nearest measured size, inflated by how many
+  doublings away it is (extrapolation).
+
+All of it is vectorised over node counts ``1..n_max``; an estimate is an immutable value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from malleparsl.errors import SpecError
+from malleparsl.jpa.models import MODELS, ModelParams, Samples, ThroughputModel, fit, predict
+
+MIN_NOISE = 0.01
+"""Floor on the relative noise of one measurement: no monitor is better than 1 %."""
+
+
+@dataclass(frozen=True)
+class CurveEstimate:
+    """What is known of one job's curve: mean and 1-sigma samples/s at ``0..n_max`` nodes.
+
+    ``mean[k]``/``sigma[k]`` are at ``k`` nodes (index 0 is 0 nodes, rate 0). ``measured`` are
+    the sizes backed by the job's own measurements.
+    """
+
+    mean: np.ndarray
+    sigma: np.ndarray
+    measured: tuple[int, ...]
+    fits: tuple[ModelParams, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    @property
+    def n_max(self) -> int:
+        return int(self.mean.size - 1)
+
+    def rate(self, n: int) -> float:
+        """Mean samples/s at ``n`` nodes (flat past ``n_max``)."""
+        return float(self.mean[min(max(int(n), 0), self.n_max)])
+
+    def rel_sigma(self, n: int) -> float:
+        k = min(max(int(n), 1), self.n_max)
+        return float(self.sigma[k] / self.mean[k]) if self.mean[k] > 0 else math.inf
+
+
+def pooled_noise(groups: Sequence[Sequence[float]]) -> float | None:
+    """Pooled relative standard deviation of repeated measurements (None if none repeat)."""
+    num, dof = 0.0, 0
+    for g in groups:
+        x = np.asarray(g, dtype=float)
+        if x.size >= 2 and np.mean(x) > 0:
+            num += float(np.sum((x / np.mean(x) - 1.0) ** 2))
+            dof += x.size - 1
+    return math.sqrt(num / dof) if dof else None
+
+
+def estimate(
+    samples: Samples,
+    *,
+    n_max: int,
+    noise_rel: float | None = None,
+    models: Sequence[ThroughputModel] = MODELS,
+) -> CurveEstimate:
+    """Fit the admissible models to ``samples`` and combine them (see the module docstring).
+
+    ``samples.weight`` counts measurements per point; ``noise_rel`` is the relative standard
+    deviation of one measurement (default 5 %, floored at 1 %).
+    """
+    if n_max < 1:
+        raise SpecError(f"n_max must be >= 1, got {n_max!r}")
+    if len(samples) == 0:
+        raise SpecError("cannot estimate a curve from no samples; measure one rate first")
+    sigma_obs = max(noise_rel if noise_rel is not None else 0.05, MIN_NOISE)
+    distinct = np.unique(samples.nodes)
+    n_grid = np.arange(1, n_max + 1, dtype=float)
+    cands = [m for m in models if m.n_params <= max(1, distinct.size)]
+    fits, scores, preds = [], [], []
+    for m in cands:
+        p = fit(m, samples)
+        pr = predict(p, n_grid)
+        if not np.all(np.isfinite(pr)):
+            continue
+        fits.append(p)
+        scores.append(p.sse / sigma_obs**2 + 2.0 * p.n_params)
+        preds.append(pr)
+    if not fits:  # cannot happen with LINEAR in the list and positive rates; be safe anyway
+        raise SpecError(f"no throughput model could be fitted to {samples}")
+    s = np.asarray(scores)
+    w = np.exp(-0.5 * (s - s.min()))
+    w /= w.sum()
+    p_mat = np.vstack(preds)  # (k, n_max)
+    mean = w @ p_mat
+    model_var = w @ (p_mat - mean) ** 2
+
+    # measurement error of the nearest measured size, inflated per doubling of distance
+    counts = np.array([samples.weight[samples.nodes == d].sum() for d in distinct])
+    se_rel = sigma_obs / np.sqrt(counts)
+    dist = np.abs(np.log2(n_grid[:, None]) - np.log2(distinct[None, :]))  # (n_max, k)
+    near = np.argmin(dist, axis=1)
+    meas_sd = mean * se_rel[near] * (1.0 + dist[np.arange(n_max), near])
+    sigma = np.sqrt(model_var + meas_sd**2)
+    return CurveEstimate(
+        mean=np.concatenate([[0.0], mean]),
+        sigma=np.concatenate([[0.0], sigma]),
+        measured=tuple(int(d) for d in distinct),
+        fits=tuple(fits),
+        weights=tuple(float(v) for v in w),
+    )
+
+
+def scaled_prior(
+    prior: CurveEstimate, own: Samples | None, *, weight: float
+) -> Samples:
+    """A similar job's curve as pseudo-measurements, rescaled to this job's level.
+
+    The prior's measured sizes become points of weight ``weight`` each; sizes this job has
+    measured itself are left out, and the rest are scaled by the median ratio of this job's
+    rates to the prior's at its own sizes (same app, maybe another batch size or dataset).
+    """
+    sizes = [n for n in prior.measured if n <= prior.n_max]
+    ratio = 1.0
+    if own is not None and len(own):
+        ref = np.array([prior.rate(int(n)) for n in own.nodes])
+        ok = ref > 0
+        if np.any(ok):
+            ratio = float(np.median(own.rates[ok] / ref[ok]))
+        mine = set(int(n) for n in own.nodes)
+        sizes = [n for n in sizes if n not in mine]
+    rates = [prior.rate(n) * ratio for n in sizes]
+    keep = [(n, r) for n, r in zip(sizes, rates) if r > 0]
+    if not keep:
+        return Samples.of([], [], [])
+    return Samples.of([n for n, _ in keep], [r for _, r in keep], [weight] * len(keep))
+
+
+def merge(a: Samples, b: Samples) -> Samples:
+    """Concatenate two sample sets."""
+    return Samples(
+        np.concatenate([a.nodes, b.nodes]),
+        np.concatenate([a.rates, b.rates]),
+        np.concatenate([a.weight, b.weight]),
+    )

@@ -1,0 +1,194 @@
+"""Parametric throughput models: a pure ``fit(samples) -> params`` and a vectorised ``predict``.
+
+Every model describes the *time per sample* at ``n`` nodes as a non-negative combination of a
+few cost terms, so ``rate(n) = 1 / T(n)`` with
+
+.. math::
+
+    T(n) = a / n  +  b  +  d \\cdot [n \\ge 2]  +  c_1 \\log_2 n  +  c_2 (n - 1)
+
+- ``a`` (``compute``): work split evenly across nodes (perfect scaling);
+- ``b`` (``serial``): work every node repeats (Amdahl's serial fraction, a saturating curve);
+- ``d`` (``span``): a one-time cost once the job spans more than one node (the network joins
+  in): the drop in throughput some jobs show at 2 nodes;
+- ``c1`` (``tree``): a tree/ring all-reduce whose latency grows with ``log2 n``;
+- ``c2`` (``sync``): a synchronisation cost growing with the node count, which makes a curve
+  fall past a peak at ``n* = sqrt(a / c2)``.
+
+Amdahl's law with parallel fraction ``p`` is ``a = p / r1``, ``b = (1 - p) / r1``; a saturating
+curve ``R n / (n + K)`` is ``a = K / R``, ``b = 1 / R`` (the same two terms); Pollux's compute +
+sync model is ``a``, ``b`` and ``c2``. Because the model is linear in its coefficients, fitting
+is a non-negative least-squares problem on *relative* residuals: no starting point, no local
+minima, microseconds per fit. The structures are nested subsets of the five terms; the
+:mod:`~malleparsl.jpa.estimate` module weighs them against each other for an uncertainty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from malleparsl.errors import SpecError
+
+TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync")
+"""The cost terms, in the column order of :func:`design_matrix`."""
+
+
+def design_matrix(n: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Columns ``1/n, 1, [n>=2], log2 n, n-1`` for node counts ``n >= 1`` (shape ``(len(n), 5)``)."""
+    x = np.asarray(n, dtype=float)
+    if x.size and np.min(x) < 1:
+        raise SpecError(f"node counts must be >= 1 to evaluate a throughput model, got {x.min()}")
+    return np.stack(
+        [1.0 / x, np.ones_like(x), (x >= 2).astype(float), np.log2(x), x - 1.0], axis=-1
+    )
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """One model structure: which of the :data:`TERMS` it may use."""
+
+    name: str
+    terms: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.terms if t not in TERMS]
+        if bad or not self.terms:
+            raise SpecError(
+                f"model {self.name!r}: unknown term(s) {bad} or none given; use terms from {TERMS}"
+            )
+
+    @property
+    def n_params(self) -> int:
+        return len(self.terms)
+
+    @property
+    def columns(self) -> list[int]:
+        return [TERMS.index(t) for t in self.terms]
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Measured rates: per node count, the mean samples/s and how many measurements back it.
+
+    ``weight`` is the number of measurements (or a smaller pseudo-count for a prior's points).
+    """
+
+    nodes: np.ndarray
+    rates: np.ndarray
+    weight: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = np.asarray(self.nodes, dtype=float)
+        r = np.asarray(self.rates, dtype=float)
+        w = np.asarray(self.weight, dtype=float)
+        if not (n.shape == r.shape == w.shape) or n.ndim != 1:
+            raise SpecError(
+                f"samples need 1-D nodes, rates and weight of one length, got shapes "
+                f"{n.shape}, {r.shape}, {w.shape}"
+            )
+        if n.size and (np.min(n) < 1 or not np.all(np.isfinite(n))):
+            raise SpecError(f"sample node counts must be finite and >= 1, got {n.tolist()}")
+        if r.size and not (np.all(np.isfinite(r)) and np.min(r) > 0):
+            raise SpecError(
+                f"sample rates must be finite and > 0 samples/s, got {r.tolist()}; "
+                "drop zero or failed measurements before fitting"
+            )
+        if w.size and not (np.all(np.isfinite(w)) and np.min(w) > 0):
+            raise SpecError(f"sample weights must be finite and > 0, got {w.tolist()}")
+        object.__setattr__(self, "nodes", n)
+        object.__setattr__(self, "rates", r)
+        object.__setattr__(self, "weight", w)
+
+    @classmethod
+    def of(
+        cls,
+        nodes: Sequence[float],
+        rates: Sequence[float],
+        weight: Sequence[float] | None = None,
+    ) -> Samples:
+        w = np.ones(len(nodes)) if weight is None else weight
+        return cls(np.asarray(nodes), np.asarray(rates), np.asarray(w))
+
+    def __len__(self) -> int:
+        return int(self.nodes.size)
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """A fitted model: the coefficients of all five :data:`TERMS` (zeros for unused ones).
+
+    ``theta`` is in seconds per sample; ``sse`` is the weighted sum of squared *relative*
+    residuals of the fit, the quantity a noise level turns into a chi-square.
+    """
+
+    model: str
+    theta: tuple[float, float, float, float, float]
+    sse: float
+    n_params: int
+
+
+def fit(model: ThroughputModel, samples: Samples) -> ModelParams:
+    """Least-squares fit of ``model`` to ``samples`` with non-negative coefficients (pure).
+
+    Minimises ``sum_i w_i (T_model(n_i) / T_i - 1)^2`` where ``T_i = 1 / rate_i``: relative
+    errors, so a 3 % miss weighs the same on a slow and a fast job.
+    """
+    if len(samples) == 0:
+        raise SpecError(f"cannot fit model {model.name!r} to no samples; measure a rate first")
+    t_obs = 1.0 / samples.rates
+    sw = np.sqrt(samples.weight)
+    phi = design_matrix(samples.nodes)[:, model.columns]
+    scale = float(np.median(t_obs))  # condition the problem: coefficients near 1
+    a_mat = (phi / t_obs[:, None]) * sw[:, None]
+    coef, _ = nnls(a_mat * scale, sw, maxiter=50 * phi.shape[1])
+    coef = coef * scale
+    theta = np.zeros(len(TERMS))
+    theta[model.columns] = coef
+    resid = (phi @ coef) / t_obs - 1.0
+    sse = float(np.sum(samples.weight * resid**2))
+    return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params)  # type: ignore[arg-type]
+
+
+def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Samples/s at node counts ``n`` (vectorised over counts and over a list of fits).
+
+    One fit gives shape ``(len(n),)``; a list of ``k`` fits gives ``(k, len(n))``. A fit whose
+    time per sample is zero (nothing measured that constrains it) predicts ``inf``; callers cap.
+    """
+    single = isinstance(params, ModelParams)
+    plist = [params] if single else list(params)  # type: ignore[list-item]
+    theta = np.array([p.theta for p in plist], dtype=float)  # (k, 5)
+    t = theta @ design_matrix(n).T  # (k, len(n))
+    with np.errstate(divide="ignore"):
+        out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
+    return out[0] if single else out
+
+
+LINEAR = ThroughputModel("linear", ("compute",))
+AMDAHL = ThroughputModel("amdahl", ("compute", "serial"))
+PEAK = ThroughputModel("compute+sync", ("compute", "sync"))
+STEP = ThroughputModel("compute+span", ("compute", "span"))
+RING = ThroughputModel("compute+tree", ("compute", "tree"))
+SPAN = ThroughputModel("amdahl+span", ("compute", "serial", "span"))
+TREE = ThroughputModel("amdahl+tree", ("compute", "serial", "tree"))
+SYNC = ThroughputModel("amdahl+sync", ("compute", "serial", "sync"))
+FULL = ThroughputModel("full", TERMS)
+
+MODELS: tuple[ThroughputModel, ...] = (LINEAR, AMDAHL, PEAK, STEP, RING, SPAN, TREE, SYNC, FULL)
+"""The structures the estimator weighs, simplest first. Several share a parameter count on
+purpose: two measured sizes fit all two-term models exactly, and their disagreement between and
+beyond those sizes is the uncertainty that makes the advisor look there."""
+
+
+def amdahl_params(*, rate1: float, parallel_fraction: float) -> ModelParams:
+    """The exact :data:`AMDAHL` parameters of ``rate(n) = rate1 / ((1 - p) + p / n)``."""
+    if not (rate1 > 0 and 0 <= parallel_fraction <= 1):
+        raise SpecError(
+            f"need rate1 > 0 and parallel_fraction in [0, 1], got {rate1!r}, {parallel_fraction!r}"
+        )
+    p = parallel_fraction
+    return ModelParams("amdahl", (p / rate1, (1 - p) / rate1, 0.0, 0.0, 0.0), 0.0, 2)

@@ -1,0 +1,92 @@
+"""Simulator setups of the JPA evaluation, registered with :mod:`malleparsl.sim.setups`.
+
+- ``milp+jpa``: curves hidden from the controller; the Job Profiling Advisor learns them from
+  the noisy rates the simulator measures, probes placed by :class:`~malleparsl.jpa.policy.ProbeFirst`
+  around the MILP. Options go to the advisor (``share_priors=False``, ``kappa=...``), except
+  ``inner`` and ``inner_options`` for the wrapped policy.
+- ``milp+jpa-nopriors``: the same without priors from similar jobs (every job starts unknown),
+  the setting for job sets where no two jobs share an app.
+- ``milp-linear``: the MILP planning with linear scaling from a one-node measurement
+  (``rate(n) = n * rate(1)``, the one-node rate measured once with the simulator's noise, for
+  free): what an allocator without profiling would assume.
+
+The oracle is plain ``milp`` (true curves) and ``equal-share`` needs no curves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from malleparsl.allocator.base import ClusterSnapshot, JobView, make_policy
+from malleparsl.controller import CurveAdvisor, JobState
+from malleparsl.errors import SpecError
+from malleparsl.jpa.advisor import JobProfilingAdvisor
+from malleparsl.jpa.policy import ProbeFirst
+from malleparsl.model import Allocation, ScalingCurve
+from malleparsl.sim.setups import Setup, register_setup
+
+SIM_DEFAULTS: dict[str, object] = {"warmup_obs": 0, "probe_timeout_s": 1800.0}
+"""The simulator already drops a segment's warm-up before it measures, and measures at most
+every 300 s; the advisor's own warm-up skip and probe timeout are set to match."""
+
+
+class LinearFromOneNode(CurveAdvisor):
+    """Plan with ``rate(n) = n * rate(1)``, ``rate(1)`` measured once with relative noise.
+
+    Reads the one-node rate from the job's (true) curve: the measurement a user would make
+    before submitting. ``noise`` is the relative standard deviation of that one measurement.
+    """
+
+    def __init__(self, *, noise: float = 0.03, seed: int = 0) -> None:
+        if not noise >= 0:
+            raise SpecError(f"noise must be >= 0, got {noise!r}")
+        self.noise = noise
+        self._rng = np.random.default_rng(seed)
+        self._r1: dict[str, float] = {}
+
+    def forget(self, job_id: str) -> None:
+        self._r1.pop(job_id, None)
+
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        out = []
+        for js in jobs:
+            spec = js.spec
+            if spec.curve is None:
+                raise SpecError(
+                    f"job {spec.job_id!r} has no curve to take a one-node measurement from; "
+                    "milp-linear needs the jobs' curves (a setup with hide_curves=False)"
+                )
+            if spec.job_id not in self._r1:
+                r1 = spec.curve.rate(1) * (1 + self.noise * self._rng.standard_normal())
+                self._r1[spec.job_id] = max(r1, 1e-9)
+            hi = max(spec.max_nodes, 1)
+            curve = ScalingCurve((1, hi) if hi > 1 else (1,),
+                                 tuple(self._r1[spec.job_id] * k for k in ((1, hi) if hi > 1 else (1,))),
+                                 name=spec.job_id)
+            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
+        return out
+
+
+def _jpa_setup(*, share_priors: bool = True, **options: object) -> Setup:
+    inner = options.pop("inner", "milp")
+    inner_options = dict(options.pop("inner_options", None) or {})  # type: ignore[call-overload]
+    kw = {**SIM_DEFAULTS, **options}
+    advisor = JobProfilingAdvisor(share_priors=share_priors, **kw)  # type: ignore[arg-type]
+    return ProbeFirst(advisor=advisor, inner=inner, **inner_options), advisor, True  # type: ignore[arg-type]
+
+
+def _jpa_nopriors(**options: object) -> Setup:
+    return _jpa_setup(share_priors=False, **options)
+
+
+def _linear_setup(*, noise: float = 0.03, seed: int = 0, **milp_options: object) -> Setup:
+    return make_policy("milp", **milp_options), LinearFromOneNode(noise=noise, seed=seed), False
+
+
+register_setup("milp+jpa", _jpa_setup)
+register_setup("milp+jpa-nopriors", _jpa_nopriors)
+register_setup("milp-linear", _linear_setup)

@@ -1,0 +1,248 @@
+"""The Job Profiling Advisor inside the real Controller: probes, LAS, bad cases, learning loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from malleparsl.allocator import make_policy
+from malleparsl.controller import Controller
+from malleparsl.errors import SpecError
+from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
+from malleparsl.model import JobSpec, ScalingCurve
+
+NODES = [f"n{i:02d}" for i in range(8)]
+
+
+def make(n_nodes=8, inner="milp", **kw):
+    kw.setdefault("warmup_obs", 0)
+    jpa = JobProfilingAdvisor(**kw)
+    ctl = Controller(policy=ProbeFirst(advisor=jpa, inner=inner), advisor=jpa)
+    ctl.add_nodes([f"n{i:02d}" for i in range(n_nodes)], now_s=0)
+    return jpa, ctl
+
+
+def feed(ctl, job, rate, n_times, t, dt=300.0):
+    for _ in range(n_times):
+        ctl.observe(job, n_nodes=ctl.allocation.size(job), samples_per_s=rate, now_s=t)
+        t += dt
+    return t
+
+
+def test_unknown_job_is_probed_at_min_nodes_then_planned_with_its_curve():
+    jpa, ctl = make()
+    ctl.submit(JobSpec("a", min_nodes=1, max_nodes=8, rescale_up_s=1.0), now_s=0)
+    ctl.replan(now_s=0)
+    assert ctl.allocation.size("a") == 1 and jpa.probe_requests() == {"a": 1}
+    t = feed(ctl, "a", 100.0, 2, 10.0)
+    ctl.replan(now_s=t)
+    assert jpa.probe_requests() == {}
+    assert jpa.predictable(jpa.records["a"])
+    # one size known: optimistic (linear from it) everywhere, so the MILP hands it all 8 nodes
+    assert ctl.allocation.size("a") == 8
+    t = feed(ctl, "a", 150.0, 2, t)  # ... where it turns out to be slow
+    ctl.replan(now_s=t)
+    est = jpa.records["a"].estimate(8, default_noise=0.03)
+    assert est.measured == (1, 8) and est.rate(8) == pytest.approx(150.0, rel=0.02)
+
+
+def test_warmup_readings_after_a_size_change_are_not_used():
+    jpa, ctl = make(warmup_obs=1)
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    ctl.observe("a", n_nodes=1, samples_per_s=5.0, now_s=1)  # slow first reading: warm-up
+    feed(ctl, "a", 100.0, 2, 2.0)
+    assert list(jpa.records["a"].obs[1]) == [100.0, 100.0]
+
+
+def test_probe_ends_as_soon_as_the_rate_is_stable_not_on_a_fixed_clock():
+    jpa, ctl = make()
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    ctl.observe("a", n_nodes=1, samples_per_s=100.0, now_s=10)
+    ctl.observe("a", n_nodes=1, samples_per_s=140.0, now_s=20)  # too far apart: not stable
+    ctl.replan(now_s=20)
+    assert jpa.probe_requests() == {"a": 1}
+    ctl.observe("a", n_nodes=1, samples_per_s=120.0, now_s=30)
+    ctl.replan(now_s=40)
+    assert jpa.probe_requests() == {"a": 1}  # three readings, still spread out
+    ctl.observe("a", n_nodes=1, samples_per_s=121.0, now_s=41)
+    ctl.replan(now_s=50)
+    assert jpa.probe_requests() == {}  # max_obs readings end a probe whatever their spread
+
+
+def test_silent_job_times_out_backs_off_and_the_next_unknown_job_goes_first():
+    # one probe at a time (8 nodes, max_probe_frac 0.1): "a" never reports, "b" does
+    jpa, ctl = make(probe_timeout_s=600.0, probe_share=1.0)
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.submit(JobSpec("b", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    assert jpa.probe_requests() == {"a": 1}
+    ctl.replan(now_s=100)  # probe clock starts once "a" holds its node
+    ctl.replan(now_s=800)
+    assert jpa.records["a"].probe_failures == 1
+    assert jpa.probe_requests() == {"b": 1}  # "a" has more service and is backing off
+    feed(ctl, "b", 50.0, 2, 810)
+    ctl.replan(now_s=1500)
+    assert jpa.predictable(jpa.records["b"]) and ctl.allocation.size("b") >= 1
+    assert not jpa.predictable(jpa.records["a"])
+    assert jpa.records["a"].next_probe_s == pytest.approx(800 + 600 * 2)
+    ctl.replan(now_s=2100)
+    assert jpa.probe_requests() == {"a": 1}  # retried after the back-off
+
+
+def test_probe_budget_stops_new_probes_once_spent_while_known_jobs_run():
+    jpa, ctl = make(probe_timeout_s=300.0, probe_share=0.0)
+    ctl.submit(JobSpec("k", max_nodes=8, curve=ScalingCurve((1, 8), (10.0, 80.0))), now_s=0)
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.submit(JobSpec("b", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    assert jpa.probe_requests() == {"a": 1}
+    ctl.replan(now_s=400)  # "a" silent: 400 node-s of probing > the 300 node-s credit
+    assert jpa.probe_ns == pytest.approx(400.0)
+    assert jpa.probe_requests() == {}  # "b" must wait: the budget is spent
+    assert ctl.allocation.size("k") == 8 - 0
+
+
+def test_zero_and_bad_readings_are_dropped_and_never_break_the_fit():
+    jpa, ctl = make(probe_timeout_s=300.0)
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    for t, r in [(10, 0.0), (20, 0.0), (30, float("nan")), (40, -3.0), (50, float("inf"))]:
+        ctl.observe("a", n_nodes=1, samples_per_s=r, now_s=t)
+    plan_t = 400
+    ctl.replan(now_s=plan_t)
+    ctl.replan(now_s=plan_t + 400)
+    rec = jpa.records["a"]
+    assert rec.dropped_zero == 5 and not rec.obs
+    assert rec.probe_failures == 1 and not jpa.predictable(rec)
+
+
+def test_job_finishing_mid_probe_frees_its_nodes_and_keeps_a_summary():
+    jpa, ctl = make(n_nodes=4)
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.submit(JobSpec("b", max_nodes=4), now_s=0)
+    ctl.replan(now_s=0)
+    assert "a" in jpa.probe_requests()
+    ctl.observe("a", n_nodes=1, samples_per_s=10.0, now_s=5)
+    ctl.replan(now_s=10)
+    ctl.finish("a", now_s=20)
+    ctl.replan(now_s=20)
+    assert "a" not in jpa.records and "a" in jpa.finished
+    assert jpa.finished["a"]["probe_ns"] > 0
+    assert set(jpa.probe_requests()) <= {"b"}
+    ctl.observe("a", n_nodes=1, samples_per_s=10.0, now_s=25)  # a late reading: ignored
+
+
+def test_measured_rescale_pauses_replace_the_specs():
+    jpa, ctl = make()
+    ctl.submit(JobSpec("a", max_nodes=4, rescale_up_s=5.0, rescale_down_s=3.0), now_s=0)
+    ctl.replan(now_s=0)
+    for p in (30.0, 10.0, 20.0):
+        ctl.observe_rescale("a", kind="up", pause_s=p)
+    ctl.observe_rescale("a", kind="sideways", pause_s=1.0)  # unknown kind: ignored
+    view = jpa.views(ctl.snapshot(1), ctl.active_jobs, ctl.allocation)[0]
+    assert view.spec.rescale_up_s == 20.0 and view.spec.rescale_down_s == 3.0
+
+
+def test_similar_job_inherits_a_prior_and_skips_the_probe():
+    jpa, ctl = make()
+    ctl.submit(JobSpec("a", max_nodes=8, model="resnet"), now_s=0)
+    ctl.replan(now_s=0)
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.9, max_nodes=8)
+    t = 10.0
+    for _ in range(4):
+        t = feed(ctl, "a", truth.rate(ctl.allocation.size("a")), 2, t)
+        ctl.replan(now_s=t)
+    ctl.finish("a", now_s=t)
+    ctl.submit(JobSpec("b", max_nodes=8, model="resnet"), now_s=t)
+    ctl.replan(now_s=t)
+    assert jpa.probe_requests() == {} and jpa.predictable(jpa.records["b"])
+    est = jpa.records["b"].estimate(8, default_noise=0.03)
+    assert est.rate(4) == pytest.approx(truth.rate(4), rel=0.05)
+    assert ctl.allocation.size("b") > 1
+
+
+def test_user_curve_is_used_without_probing():
+    jpa, ctl = make()
+    given_curve = ScalingCurve((1, 2, 4, 8), (10.0, 20.0, 30.0, 31.0))
+    ctl.submit(JobSpec("a", max_nodes=8, curve=given_curve), now_s=0)
+    ctl.replan(now_s=0)
+    assert jpa.probe_requests() == {}
+    curve = jpa.planning_curve(jpa.records["a"], 8)
+    assert curve.rate(4) == pytest.approx(30.0, rel=0.1)
+
+
+def test_planning_curve_is_capped_by_linear_and_flat_past_the_explore_limit():
+    jpa, ctl = make(explore_factor=2.0)
+    ctl.submit(JobSpec("a", max_nodes=8), now_s=0)
+    ctl.replan(now_s=0)
+    feed(ctl, "a", 100.0, 3, 10.0)
+    curve = jpa.planning_curve(jpa.records["a"], 8)
+    r = curve.rates_upto(8)
+    assert np.all(r <= 100.0 * np.arange(9) + 1e-9)
+    assert r[2] == pytest.approx(200.0, rel=0.01) and np.all(r[3:] == r[2])
+
+
+@pytest.mark.parametrize(
+    ("kw", "fragment"),
+    [({"explore_factor": 0.5}, "explore_factor"), ({"min_obs": 0}, "min_obs"),
+     ({"kappa": -1.0}, "kappa"), ({"probe_timeout_s": 0}, "probe_timeout_s")],
+)
+def test_bad_options_are_rejected(kw, fragment):
+    with pytest.raises(SpecError, match=fragment):
+        JobProfilingAdvisor(**kw)
+
+
+def test_probe_first_needs_an_advisor_with_probes():
+    with pytest.raises(SpecError, match="probe_requests"):
+        ProbeFirst(advisor=object(), inner=make_policy("greedy"))
+
+
+def _peaked(r1, peak, max_nodes):
+    n = np.arange(1, max_nodes + 1)
+    a, c = 1 / r1, 1 / r1 / peak**2
+    return ScalingCurve(tuple(n), tuple(1 / (a / n + c * (n - 1))))
+
+
+def _drop(r1, drop, max_nodes):
+    n = np.arange(1, max_nodes + 1)
+    a = 1 / r1
+    d = a / (1 - drop) - a / 2
+    return ScalingCurve(tuple(n), tuple(1 / (a / n + d * (n >= 2))))
+
+
+CURVES = st.one_of(
+    st.builds(lambda r, p: ScalingCurve.amdahl(rate1=r, parallel_fraction=p, max_nodes=16),
+              st.floats(10, 1e4), st.floats(0.5, 0.999)),
+    st.builds(lambda r, k: ScalingCurve.from_points({n: r * n / (n + k) for n in range(1, 17)}),
+              st.floats(100, 1e4), st.floats(1, 32)),
+    st.builds(_peaked, st.floats(10, 1e4), st.floats(2.5, 12), st.just(16)),
+    st.builds(_drop, st.floats(10, 1e4), st.floats(0.05, 0.5), st.just(16)),
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(truth=CURVES, noise=st.floats(0, 0.10), seed=st.integers(0, 1000))
+def test_learning_loop_finds_a_good_size_for_any_shape(truth, noise, seed):
+    """One job alone on 16 nodes: the JPA + MILP must settle near the best size of its curve."""
+    rng = np.random.default_rng(seed)
+    jpa, ctl = make(n_nodes=16, inner="greedy")
+    ctl.submit(JobSpec("a", max_nodes=16, rescale_up_s=2.0, rescale_down_s=1.0), now_s=0)
+    t, sizes = 0.0, []
+    for _ in range(30):
+        ctl.replan(now_s=t)
+        k = ctl.allocation.size("a")
+        sizes.append(k)
+        rate = truth.rate(k) * (1 + noise * rng.standard_normal())
+        ctl.observe("a", n_nodes=k, samples_per_s=rate, now_s=t + 100)
+        t += 300.0
+    best = max(truth.rate(k) for k in range(1, 17))
+    # the best size among the last few (the policy may still probe one size past the top)
+    got = max(truth.rate(k) for k in sizes[-3:])
+    assert got >= 0.85 * best, (sizes, got, best)
+    est = jpa.records["a"].estimate(16, default_noise=0.03)
+    err = [abs(est.rate(k) / truth.rate(k) - 1) for k in set(sizes)]
+    assert float(np.mean(err)) <= 0.10, err

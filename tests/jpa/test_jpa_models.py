@@ -1,0 +1,168 @@
+"""Throughput models and the curve estimate: exact recovery, robustness on generated shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from malleparsl.errors import SpecError
+from malleparsl.jpa.estimate import estimate, pooled_noise, scaled_prior
+from malleparsl.jpa.models import AMDAHL, FULL, LINEAR, SYNC, Samples, amdahl_params, fit, predict
+
+SIZES = (1, 2, 4, 8, 16, 32)
+MID = (3, 6, 12, 24)  # sizes never measured, between measured ones
+
+
+def amdahl(r1, p):
+    return lambda n: r1 / ((1 - p) + p / np.asarray(n, float))
+
+
+def saturating(rmax, half):
+    return lambda n: rmax * np.asarray(n, float) / (np.asarray(n, float) + half)
+
+
+def saturating_exp(rmax, scale):  # not in the models' family
+    return lambda n: rmax * (1 - np.exp(-np.asarray(n, float) / scale))
+
+
+def two_node_drop(r1, drop):
+    # T(n) = a/n + d[n>=2]: rate(2) = (1 - drop) * rate(1)
+    a = 1 / r1
+
+    d = a / (1 - drop) - a / 2
+
+    def f(n):
+        n = np.asarray(n, float)
+        return 1 / (a / n + d * (n >= 2))
+
+    return f
+
+
+def peaked(r1, peak):
+    # T(n) = a/n + c (n-1), peak at sqrt(a/c)
+    a = 1 / r1
+    c = a / peak**2
+    return lambda n: 1 / (a / np.asarray(n, float) + c * (np.asarray(n, float) - 1))
+
+
+SHAPES = st.one_of(
+    st.builds(amdahl, st.floats(10, 1e5), st.floats(0.5, 0.999)),
+    st.builds(saturating, st.floats(100, 1e5), st.floats(1, 64)),
+    st.builds(saturating_exp, st.floats(100, 1e5), st.floats(2, 32)),
+    st.builds(two_node_drop, st.floats(10, 1e5), st.floats(0.05, 0.6)),
+    st.builds(peaked, st.floats(10, 1e5), st.floats(2.5, 24)),
+)
+
+
+def noisy(curve, sizes, reps, noise, rng):
+    ns = np.repeat(np.asarray(sizes), reps)
+    rates = curve(ns) * (1 + noise * rng.standard_normal(ns.size))
+    return Samples.of(ns, np.maximum(rates, 1e-9))
+
+
+def aggregate(s: Samples) -> Samples:
+    sizes = np.unique(s.nodes)
+    return Samples.of(sizes, [s.rates[s.nodes == k].mean() for k in sizes],
+                      [float((s.nodes == k).sum()) for k in sizes])
+
+
+def test_two_node_drop_shape_really_drops():
+    f = two_node_drop(100.0, 0.3)
+    assert f(2) == pytest.approx(70.0)
+    assert f(4) > f(2)
+
+
+def test_amdahl_is_recovered_exactly():
+    p = amdahl_params(rate1=250.0, parallel_fraction=0.95)
+    n = np.array(SIZES, float)
+    got = fit(AMDAHL, Samples.of(n, predict(p, n)))
+    assert got.theta == pytest.approx(p.theta, rel=1e-6)
+    assert got.sse < 1e-12
+
+
+def test_predict_is_vectorised_over_sizes_and_fits():
+    p1 = amdahl_params(rate1=100.0, parallel_fraction=0.9)
+    p2 = amdahl_params(rate1=50.0, parallel_fraction=0.5)
+    out = predict([p1, p2], [1, 2, 4])
+    assert out.shape == (2, 3)
+    assert out[0, 0] == pytest.approx(100.0) and out[1, 1] == pytest.approx(50 / 0.75)
+
+
+def test_peaked_curve_is_fitted_by_sync_model_and_falls_past_peak():
+    f = peaked(1000.0, 8.0)
+    n = np.array(SIZES, float)
+    p = fit(SYNC, Samples.of(n, f(n)))
+    pr = predict(p, [8, 32, 64])
+    assert pr[0] > pr[1] > pr[2]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "rates", "fragment"),
+    [
+        ([1, 2], [100.0, 0.0], "> 0"),
+        ([1, 2], [100.0, float("nan")], "finite"),
+        ([0, 2], [100.0, 10.0], ">= 1"),
+    ],
+)
+def test_bad_samples_are_rejected_with_the_rule(nodes, rates, fragment):
+    with pytest.raises(SpecError, match=fragment):
+        Samples.of(nodes, rates)
+
+
+def test_no_samples_cannot_be_fitted():
+    with pytest.raises(SpecError, match="no samples"):
+        fit(LINEAR, Samples.of([], []))
+    with pytest.raises(SpecError, match="no samples"):
+        estimate(Samples.of([], []), n_max=4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(curve=SHAPES, noise=st.floats(0.0, 0.10), seed=st.integers(0, 2**16))
+def test_estimate_interpolates_within_ten_percent_on_generated_shapes(curve, noise, seed):
+    rng = np.random.default_rng(seed)
+    s = aggregate(noisy(curve, SIZES, 6, noise, rng))
+    est = estimate(s, n_max=32, noise_rel=max(noise, 0.01))
+    truth = curve(np.array(SIZES + MID, float))
+    got = est.mean[list(SIZES + MID)]
+    mape = float(np.mean(np.abs(got / truth - 1)))
+    assert mape <= 0.10, mape
+    assert np.all(np.isfinite(est.sigma)) and np.all(est.sigma >= 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(curve=SHAPES, seed=st.integers(0, 2**16))
+def test_uncertainty_grows_away_from_the_data(curve, seed):
+    rng = np.random.default_rng(seed)
+    s = aggregate(noisy(curve, (1, 2, 4), 4, 0.03, rng))
+    est = estimate(s, n_max=64, noise_rel=0.03)
+    assert est.rel_sigma(64) > est.rel_sigma(4)
+
+
+def test_one_measured_size_gives_linear_with_growing_uncertainty():
+    est = estimate(Samples.of([2, 2], [200.0, 204.0]), n_max=16, noise_rel=0.03)
+    assert [f.model for f in est.fits] == ["linear"]
+    assert est.rate(4) == pytest.approx(404.0, rel=0.01)
+    assert est.sigma[16] > est.sigma[4] > est.sigma[2]
+
+
+def test_full_model_needs_five_sizes_to_be_admitted():
+    f = amdahl(100.0, 0.9)
+    n4 = np.array([1, 2, 4, 8], float)
+    assert FULL.name not in [p.model for p in estimate(Samples.of(n4, f(n4)), n_max=8).fits]
+    n5 = np.array([1, 2, 4, 8, 16], float)
+    assert FULL.name in [p.model for p in estimate(Samples.of(n5, f(n5)), n_max=8).fits]
+
+
+def test_pooled_noise_and_prior_scaling():
+    assert pooled_noise([[1.0]]) is None
+    assert pooled_noise([[99.0, 101.0], [198.0, 202.0]]) == pytest.approx(np.sqrt(2e-4))
+    f = amdahl(100.0, 0.9)
+    n = np.array([1, 2, 4, 8], float)
+    prior = estimate(Samples.of(n, f(n)), n_max=16)
+    own = Samples.of([1], [50.0])  # same app, half as fast
+    pts = scaled_prior(prior, own, weight=0.5)
+    assert list(pts.nodes) == [2, 4, 8]
+    assert pts.rates == pytest.approx(0.5 * f(n[1:]), rel=0.02)
+    assert list(pts.weight) == [0.5, 0.5, 0.5]

@@ -177,8 +177,10 @@ class MalleableJob:
         self.restarts = 0
         self.last_lost: frozenset[NodeId] = frozenset()  # nodes the last failed segment lost
         self.rescales: list[RescaleRecord] = []
+        self.history: list[tuple[NodeId, ...]] = []  # the nodes of every segment launched
         self._pending: RescaleRecord | None = None
         self._last_save_s = 0.0
+        self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
         os.makedirs(ckpt_dir, exist_ok=True)
 
     # ---- placement ----------------------------------------------------------------------
@@ -212,6 +214,7 @@ class MalleableJob:
         self.next_index += 1
         seg = _Segment(index=index, nodes=nodes, started_s=self.clock())
         self.segment, self.state = seg, JobState.RUNNING
+        self.history.append(nodes)
         rec = self._pending
         if rec is not None:
             rec.segment, rec.to_size = index, len(nodes)
@@ -404,6 +407,7 @@ class MalleableJob:
     def _resolve(self, *, result: Any = None, exc: BaseException | None = None) -> None:
         self.state = JobState.DONE
         self.segment = None
+        self.resolutions += 1
         try:
             if exc is not None:
                 self.future.set_exception(exc)

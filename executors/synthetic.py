@@ -55,12 +55,15 @@ def synthetic_entry(
     fail_at_step: int | None = None,
     fail_rank: int = -1,
     progress_every_s: float = 0.5,
+    finish_key: str | None = None,
     timeout_s: float = 30.0,
 ) -> SegmentOutcome:
     """Run one segment of a synthetic training job; see the module docstring.
 
     ``fail_at_step``: the rank ``fail_rank`` (``-1``: the last one) raises
     :class:`SyntheticFailure` when the job reaches that step, to test user exceptions.
+    ``finish_key``: the job also finishes (at a step boundary) once this store key exists,
+    so a test can end an open-ended job when it has seen what it wanted.
     """
     import torch
     import torch.distributed as dist
@@ -75,6 +78,7 @@ def synthetic_entry(
         state = _load(info.ckpt_dir)
         load_s = time.perf_counter() - t0
         state["sizes"] = [*state["sizes"], info.world_size]
+        state["starts"] = [*state.get("starts", []), int(state["step"])]
         step, total = int(state["step"]), float(state["total"])
         first_step_time, t_start, steps_here = None, time.time(), 0
         last_progress, save_s = 0.0, 0.0
@@ -83,10 +87,15 @@ def synthetic_entry(
         ones = torch.ones(4)
         while step < steps:
             flag.zero_()
-            if info.rank == 0 and root.check([skey]) and root.get(skey) == str(info.segment).encode():
-                flag.fill_(1.0)
+            if info.rank == 0:
+                if root.check([skey]) and root.get(skey) == str(info.segment).encode():
+                    flag.fill_(1.0)
+                elif finish_key and root.check([finish_key]):
+                    flag.fill_(2.0)
             pg.broadcast(flag, 0).wait()
-            if flag.item() > 0:
+            if flag.item() == 2.0:
+                break
+            if flag.item() == 1.0:
                 t1 = time.perf_counter()
                 if info.rank == 0:
                     _save(info.ckpt_dir, {**state, "step": step, "total": total})
@@ -119,7 +128,7 @@ def synthetic_entry(
         if info.rank == 0:
             _save(info.ckpt_dir, {**state, "step": step, "total": total})
         pg.barrier().wait()
-        result = {"steps": step, "total": total, "sizes": state["sizes"]}
+        result = {"steps": step, "total": total, "sizes": state["sizes"], "starts": state["starts"]}
         return SegmentOutcome(
             "finished", info.rank, step, step, _rate(steps_here, t_start),
             result=result if info.rank == 0 else None, first_step_time=first_step_time,

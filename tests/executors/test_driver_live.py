@@ -1,0 +1,154 @@
+"""The segment driver and control loop with real processes: Parsl HTEX managers as emulated
+nodes, real gloo process groups, real checkpoints (executors.synthetic), real SIGKILL.
+
+One executor serves the whole module (starting nodes is the slow part); each test tops the
+node count back up first. Every test checks that the job's future was resolved exactly once
+and that no step was lost or counted twice (``total == steps``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import time
+import traceback
+
+import pytest
+
+parsl = pytest.importorskip("parsl")
+dist = pytest.importorskip("torch.distributed")
+
+from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
+from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
+from malleparsl.executors.synthetic import SyntheticFailure, synthetic_entry  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+NODE_TIMEOUT_S = 180
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("driver-live")
+    src = ManualNodeSource(nodes=[f"node-{i:02d}" for i in range(3)])
+    dfk = parsl.load(local_malleable_config(
+        node_source=src, run_dir=str(run_dir / "runinfo"), ckpt_root=str(run_dir / "ckpt"),
+    ))
+    ex = dfk.executors["malleable"]
+    ex.control.release_grace_s = 2.0
+    ex.control.fail_grace_s = 20.0
+    try:
+        ex.wait_for_nodes(3, NODE_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", ex.control.store_port, None, False,
+                              timeout=datetime.timedelta(seconds=10))
+        yield ex, src, store
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+
+
+def wait_for(cond, timeout_s=NODE_TIMEOUT_S, what="a condition"):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def exactly(ex, src, n):
+    """Lend fresh nodes or take spare ones until exactly ``n`` are ready (no job runs)."""
+    missing = n - len(ex.ready_nodes())
+    for _ in range(max(0, missing)):
+        src.idle(f"node-t{next(_names):02d}")
+    for node in sorted(ex.ready_nodes())[n:]:
+        src.take(node)
+    wait_for(lambda: len(ex.ready_nodes()) == n, what=f"exactly {n} ready nodes")
+    return sorted(ex.ready_nodes())
+
+
+def start_job(ex, job_id, *, max_nodes, min_nodes=1, **entry_kwargs):
+    fut = ex.submit(synthetic_entry,
+                    {"malleable": {"job_id": job_id, "min_nodes": min_nodes, "max_nodes": max_nodes}},
+                    **entry_kwargs)
+    wait_for(lambda: job_id in ex.control.jobs, 30, "admission")
+    return fut, ex.control.jobs[job_id]
+
+
+def stepping(job, size):
+    seg = job.segment
+    return (seg is not None and len(seg.nodes) == size and job.state.value == "running"
+            and seg.last_progress_time is not None)
+
+
+def check_result(fut, job, steps):
+    res = fut.result(timeout=120)
+    assert res["steps"] == steps and res["total"] == float(steps)
+    time.sleep(0.5)  # let any late rank result reach the driver: it must not resolve again
+    assert job.resolutions == 1
+    return res
+
+
+def test_job_grows_onto_a_node_lent_while_it_runs(live):
+    ex, src, store = live
+    k = len(exactly(ex, src, 2))
+    fut, job = start_job(ex, "grow", max_nodes=k + 1, steps=10**6, step_s=0.03,
+                         progress_every_s=0.1, finish_key="test/grow/finish")
+    wait_for(lambda: stepping(job, k), what=f"the job to step at size {k}")
+    src.idle(f"node-t{next(_names):02d}")
+    wait_for(lambda: stepping(job, k + 1), what=f"the job to step at size {k + 1}")
+    store.set("test/grow/finish", "1")
+    res = fut.result(timeout=120)
+    assert res["sizes"] == [k, k + 1]
+    assert res["total"] == float(res["steps"]) and res["starts"][1] > 0
+    up = [r for r in job.rescales if r.kind == "up"]
+    assert len(up) == 1 and 0 < up[0].pause_s < 30
+    assert job.resolutions == 1
+
+
+def test_job_shrinks_off_a_taken_node_and_the_pilot_is_released(live):
+    ex, src, _ = live
+    nodes = exactly(ex, src, 3)
+    fut, job = start_job(ex, "shrink", max_nodes=3, steps=400, step_s=0.03, progress_every_s=0.1)
+    wait_for(lambda: stepping(job, 3), what="the job to step at size 3")
+    victim = job.nodes[1]
+    src.take(victim)
+    res = check_result(fut, job, 400)
+    assert res["sizes"] == [3, 2] and res["starts"][1] > 0
+    assert [r.kind for r in job.rescales] == ["down"] and victim not in job.history[1]
+    assert victim in nodes
+    wait_for(lambda: victim not in ex.ready_nodes(), 30, "the taken node's pilot to go")
+
+
+@pytest.mark.parametrize("how", ["sigkill", "pilot-cancelled"])
+def test_node_lost_mid_step_resumes_from_checkpoint_on_the_rest(live, how):
+    ex, src, _ = live
+    exactly(ex, src, 3)
+    job_id = f"lost-{how}"
+    fut, job = start_job(ex, job_id, max_nodes=3, steps=500, step_s=0.03, ckpt_every=10,
+                         progress_every_s=0.1)
+    wait_for(lambda: stepping(job, 3) and job.segment.last_progress_time > 0,
+             what="the job to step at size 3")
+    time.sleep(0.5)
+    victim = job.nodes[2]
+    if how == "sigkill":
+        ex.kill_node(victim)
+    else:  # the batch scheduler cancels the pilot job behind the executor's back
+        ex.provider.cancel([ex.node_table.get(victim).job_id])
+    res = check_result(fut, job, 500)
+    assert res["sizes"] == [3, 2] and victim not in job.history[1]
+    assert job.restarts == 1 and [r.kind for r in job.rescales] == ["restart"]
+    resumed = res["starts"][1]
+    assert resumed > 0 and resumed % 10 == 0  # from the last periodic checkpoint, not scratch
+    assert victim not in ex.ready_nodes()
+
+
+def test_user_exception_fails_the_future_with_its_traceback_and_no_relaunch(live):
+    ex, src, _ = live
+    exactly(ex, src, 2)
+    fut, job = start_job(ex, "boom", max_nodes=2, steps=200, step_s=0.02, fail_at_step=7)
+    with pytest.raises(SyntheticFailure, match="synthetic failure at step 7") as info:
+        fut.result(timeout=120)
+    frames = "".join(traceback.format_tb(info.value.__traceback__))
+    assert "synthetic_entry" in frames  # the original remote traceback, not a wrapper
+    assert job.next_index == 1 and job.restarts == 0
+    assert job.resolutions == 1
+    wait_for(lambda: not ex.control.controller.allocation.nodes_of("boom"), 10, "nodes freed")

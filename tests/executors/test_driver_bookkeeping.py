@@ -1,0 +1,265 @@
+"""Pure bookkeeping of the segment driver and control-loop helpers, without processes.
+
+A dict stands in for the TCPStore and a recorder for ``submit_to_node``: these tests check the
+driver's decisions (which segment, which nodes, which outcome) for every combination of rank
+results. The same paths run with real Parsl nodes and gloo groups in test_driver_live.py.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+from malleparsl.executors.bench_rescale import KeepAndFillPolicy
+from malleparsl.executors.control import LinearPlaceholderAdvisor, spec_from_options
+from malleparsl.executors.driver import (
+    DriverEvent,
+    JobState,
+    MalleableJob,
+    RestartLimitError,
+    is_node_loss,
+)
+from malleparsl.executors.manual_source import ManualNodeSource
+from malleparsl.executors.protocol import SegmentOutcome, stop_key
+from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.controller import JobState as CtlJobState
+from malleparsl.errors import SpecError
+from malleparsl.model import Allocation, JobSpec
+
+
+class DictStore:
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+
+class Recorder:
+    """Records ``submit_to_node`` calls; the test resolves the futures."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit_to_node(self, node, func, info, *args, **kwargs):
+        fut = Future()
+        self.calls.append((node, info, args, kwargs, fut))
+        return fut
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def entry(info, *a, **k):  # never called here: the recorder does not run tasks
+    raise AssertionError("not run")
+
+
+@pytest.fixture
+def rig(tmp_path):
+    ex, store, posted, clock = Recorder(), DictStore(), [], Clock()
+    job = MalleableJob(
+        spec=JobSpec("j1", min_nodes=1, max_nodes=4), entry=entry, args=(1,), kwargs={"lr": 0.1},
+        options={"job_id": "j1", "extra": "x"}, executor=ex, store=store, store_host="h",
+        store_port=1234, ckpt_dir=str(tmp_path / "ck"), post=posted.append, clock=clock,
+        max_restarts=2, fail_grace_s=5.0,
+    )
+    return job, ex, store, posted, clock
+
+
+def out(status, rank, *, result=None, first=None, save=0.0, load=0.0):
+    return SegmentOutcome(status, rank, 10, 10.0, 5.0, result=result, first_step_time=first,
+                          ckpt_save_s=save, ckpt_load_s=load)
+
+
+def finish_segment(job, ex, posted, results):
+    """Resolve the last len(results) submitted futures; feed the posted events to the job."""
+    calls = ex.calls[-len(results):]
+    events = []
+    for (_, _, _, _, fut), res in zip(calls, results):
+        if isinstance(res, BaseException):
+            fut.set_exception(res)
+        else:
+            fut.set_result(res)
+    for ev in posted:
+        _, job_id, seg, rank, fut = ev
+        assert job_id == job.job_id
+        events.append(job.on_rank_done(seg, rank, fut))
+    posted.clear()
+    return [e for e in events if e is not None]
+
+
+def test_launch_pins_one_rank_per_node_in_sorted_order_with_full_rank_info(rig, tmp_path):
+    job, ex, _, _, _ = rig
+    job.reconcile(frozenset({"n2", "n1"}))
+    assert job.state is JobState.RUNNING and job.nodes == ("n1", "n2")
+    infos = [c[1] for c in ex.calls]
+    assert [(c[0], i.rank, i.world_size, i.node) for c, i in zip(ex.calls, infos)] == [
+        ("n1", 0, 2, "n1"), ("n2", 1, 2, "n2")]
+    assert all(i.store_host == "h" and i.store_port == 1234 and i.segment == 0 for i in infos)
+    assert infos[0].options["extra"] == "x" and infos[0].ckpt_dir == str(tmp_path / "ck")
+    assert ex.calls[0][2] == (1,) and ex.calls[0][3] == {"lr": 0.1}
+    assert (tmp_path / "ck").is_dir()
+
+
+def test_rescale_sets_stop_key_then_relaunches_and_times_the_pause(rig):
+    job, ex, store, posted, clock = rig
+    job.reconcile(frozenset({"a", "b"}))
+    clock.t = 1010.0
+    job.reconcile(frozenset({"a", "b", "c"}))
+    assert job.state is JobState.STOPPING and store.get(stop_key("j1")) == b"0"
+    evs = finish_segment(job, ex, posted, [out("stopped", 0, save=0.5), out("stopped", 1, save=0.4)])
+    assert evs == [DriverEvent.STOPPED] and job.state is JobState.WAITING
+    job.reconcile(frozenset({"a", "b", "c"}))
+    assert job.nodes == ("a", "b", "c") and ex.calls[-1][1].segment == 1
+    evs = finish_segment(job, ex, posted, [
+        out("finished", 0, result={"acc": 1}, first=1012.0, load=0.25),
+        out("finished", 1, first=1012.5, load=0.2), out("finished", 2, first=1012.1)])
+    assert evs == [DriverEvent.FINISHED] and job.future.result() == {"acc": 1}
+    (rec,) = job.rescales
+    assert (rec.kind, rec.from_size, rec.to_size, rec.segment) == ("up", 2, 3, 1)
+    assert rec.pause_s == pytest.approx(1012.5 - 1010.0 - 0.5 - 0.25)
+    assert job.take_measured_rescales() == [rec] and job.take_measured_rescales() == []
+    assert job.resolutions == 1
+
+
+def test_unchanged_target_does_not_stop_a_running_segment(rig):
+    job, ex, store, _, _ = rig
+    job.reconcile(frozenset({"a"}))
+    job.reconcile(frozenset({"a"}))
+    assert job.state is JobState.RUNNING and not store.check([stop_key("j1")])
+    assert len(ex.calls) == 1
+
+
+def test_user_exception_wins_over_collateral_gloo_errors_and_is_not_relaunched(rig):
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b", "c"}))
+    boom = ValueError("bad learning rate")
+    gloo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242")
+    evs = finish_segment(job, ex, posted, [gloo, boom, out("stopped", 2)])
+    assert evs == [DriverEvent.FAILED]
+    with pytest.raises(ValueError, match="bad learning rate"):
+        job.future.result()
+    job.reconcile(frozenset({"a", "b", "c"}))
+    assert len(ex.calls) == 3 and job.state is JobState.DONE
+
+
+@pytest.mark.parametrize("lost", [ManagerLost(b"m1", "host"), WorkerLost(3, "host")])
+def test_lost_node_restarts_from_checkpoint_on_the_rest(rig, lost):
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    gloo = RuntimeError("gloo: Connection reset by peer")
+    evs = finish_segment(job, ex, posted, [gloo, lost])
+    assert evs == [DriverEvent.LOST] and job.last_lost == {"b"} and job.restarts == 1
+    job.reconcile(frozenset({"a"}))
+    assert job.nodes == ("a",) and job.rescales[-1].kind == "restart"
+    assert not job.future.done()
+
+
+def test_node_reported_lost_fails_the_segment_even_if_ranks_only_see_gloo_errors(rig):
+    job, ex, store, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    job.node_lost("b")
+    assert store.get(stop_key("j1")) == b"0"  # survivors are told to stop at once
+    evs = finish_segment(job, ex, posted, [RuntimeError("gloo timeout"), RuntimeError("gloo")])
+    assert evs == [DriverEvent.LOST] and job.last_lost == {"b"}
+
+
+def test_restart_limit_fails_the_future_with_the_loss_as_cause(rig):
+    job, ex, _, posted, _ = rig
+    for _ in range(3):
+        job.reconcile(frozenset({"a"}))
+        evs = finish_segment(job, ex, posted, [ManagerLost(b"m", "h")])
+    assert evs == [DriverEvent.FAILED]
+    with pytest.raises(RestartLimitError, match="max_restarts=2") as info:
+        job.future.result()
+    assert isinstance(info.value.__cause__, ManagerLost)
+
+
+def test_silent_ranks_are_given_up_after_the_grace_period(rig):
+    job, ex, _, posted, clock = rig
+    job.reconcile(frozenset({"a", "b"}))
+    ex.calls[0][4].set_exception(ManagerLost(b"m", "h"))
+    assert job.on_rank_done(*posted.pop()[2:]) is None  # rank 1 still silent
+    clock.t += 4.0
+    assert job.tick() is None
+    clock.t += 2.0
+    assert job.tick() is DriverEvent.LOST and job.state is JobState.WAITING
+    ex.calls[1][4].set_result(out("stopped", 1))
+    assert job.on_rank_done(*posted.pop()[2:]) is None  # late result of an ended segment
+
+
+def test_entry_returning_something_else_fails_with_a_clear_error(rig):
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a"}))
+    assert finish_segment(job, ex, posted, [42]) == [DriverEvent.FAILED]
+    with pytest.raises(TypeError, match="expected a SegmentOutcome"):
+        job.future.result()
+
+
+def test_abort_resolves_once_and_later_results_are_ignored(rig):
+    job, ex, store, posted, _ = rig
+    job.reconcile(frozenset({"a"}))
+    job.abort(RuntimeError("shutdown"))
+    job.abort(RuntimeError("again"))
+    assert store.get(stop_key("j1")) == b"0" and job.resolutions == 1
+    assert finish_segment(job, ex, posted, [out("finished", 0, result=1)]) == []
+    with pytest.raises(RuntimeError, match="shutdown"):
+        job.future.result()
+
+
+def test_is_node_loss_classifies_parsl_losses_only():
+    assert is_node_loss(ManagerLost(b"m", "h")) and is_node_loss(WorkerLost(1, "h"))
+    assert not is_node_loss(RuntimeError("gloo")) and not is_node_loss(KeyError("x"))
+
+
+def test_spec_from_options_builds_specs_and_rejects_bad_input():
+    spec = spec_from_options({"min_nodes": 2, "max_nodes": 4, "curve": [[1, 10.0], [2, 18.0]]})
+    assert spec.job_id.startswith("job-") and (spec.min_nodes, spec.max_nodes) == (2, 4)
+    assert spec.curve.rate(2) == 18.0
+    assert spec_from_options({"min_nodes": 3}).max_nodes == 3
+    with pytest.raises(SpecError, match=r"list of \[nodes, samples_per_s\]"):
+        spec_from_options({"curve": "fast"})
+    with pytest.raises(SpecError, match="min_nodes"):
+        spec_from_options({"min_nodes": 5, "max_nodes": 2})
+    with pytest.raises(SpecError, match="must be a dict"):
+        spec_from_options([("min_nodes", 1)])
+
+
+def test_placeholder_advisor_uses_the_given_curve_else_linear():
+    a, b = spec_from_options({"job_id": "a", "max_nodes": 3}), spec_from_options(
+        {"job_id": "b", "max_nodes": 2, "curve": [[1, 5.0]]})
+    views = LinearPlaceholderAdvisor().views(
+        ClusterSnapshot(0, ("n1",)), [CtlJobState(a), CtlJobState(b)], Allocation({"a": {"n1"}}))
+    assert [v.curve.rate(3) for v in views] == [3.0, 5.0] and views[0].current == {"n1"}
+
+
+def test_keep_and_fill_keeps_survivors_fills_to_max_and_respects_min():
+    snap = ClusterSnapshot(0, ("n1", "n2", "n3", "n4"))
+    j1 = JobView(JobSpec("j1", 1, 2), curve=None, current=frozenset({"n3"}))  # type: ignore[arg-type]
+    j2 = JobView(JobSpec("j2", 3, 4), curve=None)  # type: ignore[arg-type]
+    alloc = KeepAndFillPolicy().allocate(snap, [j1, j2])
+    assert alloc.nodes_of("j1") == {"n3", "n1"} and alloc.nodes_of("j2") == frozenset()
+    alloc = KeepAndFillPolicy().allocate(snap, [j2, j1])
+    assert alloc.nodes_of("j2") == {"n1", "n2", "n4"} and alloc.nodes_of("j1") == {"n3"}
+
+
+def test_manual_source_queues_events_once_and_checks_names():
+    src = ManualNodeSource(nodes=["a"])
+    src.take("a")
+    assert [(e.kind, e.node) for e in src.poll(0)] == [("idle", "a"), ("taken", "a")]
+    assert src.poll(1) == []
+    with pytest.raises(SpecError, match="non-empty string"):
+        src.idle("")

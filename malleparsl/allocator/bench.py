@@ -61,6 +61,7 @@ class BenchRow:
     peak_rss_mb: float | None  # peak resident memory of the process that ran the solves
     status: str  # "ok", "did not finish in N s", "skipped: ..."
     fallbacks: int = 0  # solves that ended without a solver solution
+    lp_proved: int = 0  # milp solves closed by the LP bound alone (no MILP needed)
 
 
 def make_instance(
@@ -98,7 +99,7 @@ def _run_cell(policy: str, options: dict, instances: list, conn) -> None:
     """Child process: solve every instance, send back (times, objectives, fallbacks, rss)."""
     try:
         pol = make_policy(policy, **options)
-        times, objs, falls = [], [], 0
+        times, objs, falls, proved = [], [], 0, 0
         for snap, jobs in instances:
             t0 = time.perf_counter()
             alloc = pol.allocate(snap, jobs)
@@ -108,9 +109,11 @@ def _run_cell(policy: str, options: dict, instances: list, conn) -> None:
                 raise SpecError(f"{policy} returned an infeasible allocation: {bad[:3]}")
             objs.append(allocation_objective(snap, jobs, alloc))
             falls += int(bool(getattr(pol, "last_fallback", False)))
-        conn.send(("ok", times, objs, falls, _rss_mb()))
+            res = getattr(pol, "last_result", None)
+            proved += int(res is not None and res.detail == "proved by the LP bound")
+        conn.send(("ok", times, objs, (falls, proved), _rss_mb()))
     except Exception as exc:  # report, don't hang the parent
-        conn.send(("error", repr(exc), [], 0, _rss_mb()))
+        conn.send(("error", repr(exc), [], (0, 0), _rss_mb()))
     finally:
         conn.close()
 
@@ -225,12 +228,19 @@ def _row(policy, solver, n_jobs, n_nodes, got, best, status) -> BenchRow:
         gap_mean=statistics.fmean(gaps),
         peak_rss_mb=round(rss, 1),
         status=status,
-        fallbacks=falls,
+        fallbacks=falls[0],
+        lp_proved=falls[1],
     )
 
 
 def _fmt(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def _status(r: BenchRow) -> str:
+    notes = [f"{r.fallbacks} fallbacks"] if r.fallbacks else []
+    notes += [f"{r.lp_proved} proved by LP bound"] if r.lp_proved else []
+    return r.status + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _print_table(rows: list[BenchRow]) -> None:
@@ -264,7 +274,7 @@ def _print_table(rows: list[BenchRow]) -> None:
             _fmt(r.gap, ".2e"),
             _fmt(r.gap_mean, ".2e"),
             _fmt(r.peak_rss_mb, ".0f"),
-            r.status + (f" ({r.fallbacks} fallbacks)" if r.fallbacks else ""),
+            _status(r),
         )
     Console(width=160).print(table)
 

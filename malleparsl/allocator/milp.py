@@ -131,10 +131,12 @@ class MilpPolicy(AllocationPolicy):
             self.last_result = SolveResult("optimal", 0.0, red.lower, "proved by the LP bound")
         else:
             chosen = self._solve(table, len(jobs))
-        if chosen is None and red is not None:  # the feasible choice the reduction found
+        if red is not None:  # the reduction's feasible choice, if the solver did worse
             remap = np.cumsum(red.keep) - 1
-            chosen = [int(remap[i]) for i in red.incumbent]
-            self.last_fallback = True
+            mine = [int(remap[i]) for i in red.incumbent]
+            if chosen is None or table.value[chosen].sum() < table.value[mine].sum() - 1e-9:
+                self.last_fallback = chosen is None
+                chosen = mine
         if chosen is None:
             self.last_fallback = True
             return _fallback(snapshot, jobs, horizons)

@@ -26,7 +26,11 @@ from collections.abc import Sequence
 import pulp
 
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, register_policy
-from malleparsl.allocator.objective import check_inputs, feasibility_problems
+from malleparsl.allocator.objective import (
+    allocation_objective,
+    check_inputs,
+    feasibility_problems,
+)
 from malleparsl.allocator.placement import node_horizons, place
 from malleparsl.allocator.solvers import SolveResult, check_solver_options, solve
 from malleparsl.model import Allocation
@@ -94,6 +98,11 @@ class MilpNodePolicy(AllocationPolicy):
             threads=self.threads,
         )
         self.last_result = res
+        from malleparsl.allocator.heuristics import greedy_counts
+
+        fallback = place(
+            snapshot, jobs, greedy_counts(snapshot, jobs), horizons=node_horizons(snapshot)
+        )
         if res.has_solution:
             alloc = Allocation(
                 {
@@ -103,16 +112,18 @@ class MilpNodePolicy(AllocationPolicy):
             )
             problems = feasibility_problems(snapshot, jobs, alloc)
             if not problems:
-                return alloc
+                # a solution cut short by the time limit may be worse than keeping the current one
+                if res.status == "optimal" or allocation_objective(
+                    snapshot, jobs, alloc
+                ) >= allocation_objective(snapshot, jobs, fallback):
+                    return alloc
+                log.info("milp-node: time-limited solution is worse than the fallback")
+                return fallback
             log.warning("milp-node: solver answer infeasible (%s); falling back", problems[:3])
         else:
             log.warning("milp-node: %s; falling back to the current allocation", res.detail)
         self.last_fallback = True
-        from malleparsl.allocator.heuristics import greedy_counts
-
-        return place(
-            snapshot, jobs, greedy_counts(snapshot, jobs), horizons=node_horizons(snapshot)
-        )
+        return fallback
 
     def _model(
         self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]

@@ -27,6 +27,7 @@ TABLE_COLUMNS: list[tuple[str, str, str]] = [
     ("samples", "samples", "{:.4g}"),
     ("samples_per_s", "samples/s", "{:,.0f}"),
     ("pct_of_upper_bound", "% of bound", "{:.1f}"),
+    ("pct_of_capped_bound", "% capped", "{:.1f}"),
     ("utilisation", "util.", "{:.1%}"),
     ("rescales", "rescales", "{:,}"),
     ("pause_s", "pause s", "{:,.0f}"),
@@ -193,7 +194,8 @@ def write_report(
     t, c = trace.idle_count()
     t, c = np.r_[trace.start_s, t], np.r_[0, c]
     written.append(plot_idle_nodes(t, c, out / "idle_nodes.png", title=f"Idle nodes: {trace.name}"))
-    main = next((r for r in results if r.policy != "upper-bound"), results[0] if results else None)
+    main = next((r for r in results if not r.policy.startswith("upper-bound")),
+                results[0] if results else None)
     if main is not None:
         written.append(plot_nodes_per_job(
             main.sizes, trace.start_s, trace.end_s, out / f"nodes_per_job_{main.policy}.png",

@@ -65,7 +65,9 @@ def simulate(
         None, help="Machine size for an SWF log (default: its MaxNodes header)."
     ),
     limit_jobs: int | None = typer.Option(None, help="Use only the first N jobs."),
-    bound: bool = typer.Option(True, help="Also run upper-bound so '% of bound' is defined."),
+    bound: bool = typer.Option(
+        True, help="Also run upper-bound and upper-bound-capped so '% of bound' is defined."
+    ),
     seed: int = typer.Option(0, help="Seed for noise, revealed ends and generated jobs."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
     out: Path | None = typer.Option(  # noqa: B008 - typer's way
@@ -88,8 +90,8 @@ def simulate(
     if not console.is_terminal:
         console = Console(stderr=json_out, width=170)
     names = [p.strip() for p in policy.split(",") if p.strip()]
-    if bound and "upper-bound" not in names:
-        names.append("upper-bound")
+    if bound:
+        names += [b for b in ("upper-bound-capped", "upper-bound") if b not in names]
     valid = setup_names()
     bad = [n for n in names if n not in valid]
     if bad:

@@ -105,7 +105,8 @@ def simulate(
     ctl = Controller(
         policy=pol,
         advisor=advisor or KnownCurves(),
-        max_active=None if free_costs else opts.max_active,
+        max_active=None if free_costs and not getattr(pol, "keeps_cap", False)
+        else opts.max_active,
         tfwd_s=opts.tfwd_s,
         keep_history=True,
         horizon=horizon,

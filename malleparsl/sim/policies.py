@@ -5,6 +5,7 @@ given and loses only the preempted ones. ``upper-bound`` is the physical limit o
 every interval the largest throughput the idle nodes could give the submitted jobs if rescaling
 were free and any number of jobs could run at once. The simulator sees its
 ``ignores_costs`` flag and, for it alone, charges no pauses and lifts the concurrency cap.
+``upper-bound-capped`` keeps the cap: free rescaling for the jobs a real policy may run.
 """
 
 from __future__ import annotations
@@ -149,3 +150,14 @@ class UpperBoundPolicy(AllocationPolicy):
             if take == dn and k + 1 < len(segs):
                 heapq.heappush(heap, (-segs[k + 1][1], i, k + 1, segs[k + 1][0], g))
         return assign_counts(snapshot, jobs, sizes)
+
+
+@register_policy("upper-bound-capped")
+class CappedUpperBoundPolicy(UpperBoundPolicy):
+    """Free rescaling, but the same admission as real policies (cap, submission order).
+
+    Its gap to ``upper-bound`` is what the concurrency cap and job order cost; a real policy's
+    gap to it is what rescale costs (and the policy) cost.
+    """
+
+    keeps_cap = True

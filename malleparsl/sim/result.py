@@ -54,6 +54,7 @@ class SimResult:
     jobs: pd.DataFrame
     replans: int
     pct_of_upper_bound: float | None = None
+    pct_of_capped_bound: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,6 +71,7 @@ class SimResult:
             "samples": float(self.samples),
             "samples_per_s": float(self.samples / self.duration_s) if self.duration_s else 0.0,
             "pct_of_upper_bound": self.pct_of_upper_bound,
+            "pct_of_capped_bound": self.pct_of_capped_bound,
             "utilisation": float(self.used_node_s / self.idle_node_s) if self.idle_node_s else 0.0,
             "rescales": int(self.rescales),
             "pause_s": float(self.pause_s),
@@ -103,11 +105,15 @@ class SimResult:
 
 
 def compare(results: Sequence[SimResult]) -> list[dict[str, Any]]:
-    """Fill ``pct_of_upper_bound`` from the ``upper-bound`` run (if any); return summary rows."""
+    """Fill the ``pct_of_*`` figures from the bound runs present; return the summary rows."""
     bound = next((r for r in results if r.policy == "upper-bound"), None)
     if bound is not None and bound.samples > 0:
         for r in results:
             r.pct_of_upper_bound = 100.0 * r.samples / bound.samples
+    capped = next((r for r in results if r.policy == "upper-bound-capped"), None)
+    if capped is not None and capped.samples > 0:
+        for r in results:
+            r.pct_of_capped_bound = 100.0 * r.samples / capped.samples
     rows = [r.summary() for r in results]
     for row in rows:
         for k, v in row.items():

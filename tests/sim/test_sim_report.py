@@ -1,0 +1,54 @@
+"""Report helpers and the horizon estimator: numbers checked by hand."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from malleparsl.controller import Controller
+from malleparsl.report import binned_mean, plot_nodes_per_job, table_markdown
+from malleparsl.sim.horizon import FragmentHorizon
+from malleparsl.sim.setups import make_setup
+
+
+def test_binned_mean_is_time_weighted():
+    # 10 on [0, 5), 20 on [5, 10): bins of 2.5 s -> 10, 10, 20, 20; one bin -> 15
+    x, y = binned_mean(np.array([0.0, 5.0]), np.array([10.0, 20.0]), 0, 10, bins=4)
+    assert list(x) == [0, 2.5, 5, 7.5] and list(y) == pytest.approx([10, 10, 20, 20])
+    _, y = binned_mean(np.array([0.0, 5.0]), np.array([10.0, 20.0]), 0, 10, bins=1)
+    assert y[0] == pytest.approx(15)
+    _, y = binned_mean(np.array([2.0, 4.0]), np.array([10.0, 0.0]), 0, 4, bins=2)
+    assert list(y) == pytest.approx([0, 10])  # nothing before the first step
+
+
+def test_table_markdown_formats_missing_values():
+    md = table_markdown([{"policy": "milp", "samples": 1.5e9, "pct_of_upper_bound": None}])
+    assert md.splitlines()[2].startswith("| milp | 1.5e+09 | - |")
+
+
+def test_nodes_per_job_plot_writes_png(tmp_path):
+    sizes = pd.DataFrame([(0, "a", 2), (5, "b", 1), (8, "a", 0)], columns=["time_s", "job", "nodes"])
+    p = plot_nodes_per_job(sizes, 0, 10, tmp_path / "n.png", top=1)
+    assert p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_horizon_is_the_mean_residual_life():
+    h = FragmentHorizon(min_samples=1, prior_s=777)
+    assert h.remaining(np.array([0.0]))[0] == 777  # nothing seen yet: the prior
+    for length in [100] * 50 + [1000] * 50:
+        h.record(length)
+    r = h.remaining(np.array([0.0, 500.0, 5000.0]))
+    assert r[0] == pytest.approx(550, rel=0.01)  # E[L]
+    assert r[1] == pytest.approx(500, rel=0.01)  # E[L - 500 | L > 500] = 1000 - 500
+    assert r[2] == pytest.approx(5000)  # older than anything seen: as long again
+
+
+def test_horizon_fills_controller_snapshots_and_keeps_known_ends():
+    h = FragmentHorizon(min_samples=1)
+    for _ in range(10):
+        h.record(600)
+    c = Controller(policy=make_setup("static")[0], horizon=h)
+    c.add_nodes(["a"], now_s=0, end_s={"a": 50.0})
+    c.add_nodes(["b"], now_s=100)
+    snap = c.snapshot(400)
+    assert snap.node_end_s["a"] == 50.0
+    assert snap.node_end_s["b"] == pytest.approx(400 + 300, rel=0.03)

@@ -165,6 +165,8 @@ class TrainContext:
         self.metrics: dict[str, Any] = {}
         self.samples_per_s: float | None = None
         self.first_step_time: float | None = None
+        self.ckpt_load_s = 0.0  # reading the checkpoint at segment start
+        self.ckpt_save_s = 0.0  # writing the stop checkpoint
         self.sampler: GlobalBatchSampler | None = None
         self._objects: dict[str, Any] = {}
         self._begun = False
@@ -224,8 +226,9 @@ class TrainContext:
             fn(*args, **kwargs)
         except Exception as exc:
             raise GroupBrokenError(
-                f"rank {self.rank}/{self.world_size} of job {self.job_id!r} segment "
-                f"{self.segment} lost its peers: {exc}"
+                f"process group broken (a peer's connection closed, reset or timed out): rank "
+                f"{self.rank}/{self.world_size} of job {self.job_id!r} segment {self.segment} "
+                f"lost its peers: {exc}"
             ) from exc
 
     def all_reduce(self, tensor: Any) -> Any:
@@ -281,6 +284,7 @@ class TrainContext:
         start equal.
         """
         self._begun = True
+        t0 = time.monotonic()
         found = self.ckpt.load_latest() if self.ckpt is not None else None
         if found is not None:
             step, payload = found
@@ -294,6 +298,7 @@ class TrainContext:
             self.extra.update(payload.get("extra", {}))
             self.history[:] = payload.get("history", [])
             self._saved_step = self.step
+        self.ckpt_load_s = time.monotonic() - t0
         self._check_same_step()
         if found is None:
             for obj in self._objects.values():
@@ -339,7 +344,9 @@ class TrainContext:
     def check_stop(self) -> None:
         """For hand-written loops: at a step boundary, checkpoint and stop if asked to."""
         if self.stop_requested():
+            t0 = time.monotonic()
             self.save()
+            self.ckpt_save_s = time.monotonic() - t0
             self.publish_progress()
             raise RescaleRequested(f"job {self.job_id!r} segment {self.segment} stopped at step {self.step}")
 
@@ -358,6 +365,7 @@ class TrainContext:
         doc = {
             "step": self.step, "samples": self.samples, "samples_per_s": self.samples_per_s,
             "time": time.time(), "segment": self.segment, "world_size": self.world_size,
+            "first_step_time": self.first_step_time, "ckpt_load_s": self.ckpt_load_s,
             "metrics": {k: v for k, v in self.metrics.items() if isinstance(v, (int, float, str))},
         }
         self.store.set(progress_key(self.job_id, self.segment), json.dumps(doc))

@@ -72,6 +72,9 @@ class MalleableApp(PythonApp):
     ) -> None:
         self.entry = RankEntry(func)
         super().__init__(self.entry, data_flow_kernel=data_flow_kernel, executors=executors)
+        # PythonApp wrapped the entry in wrap_error, which returns exceptions as values; the
+        # driver needs them raised (a user error vs a lost node), so ship the bare entry.
+        self.func = self.entry
         self.malleable = validate_options(options)
 
     def __call__(self, *args: Any, malleable_options: dict[str, Any] | None = None, **kwargs: Any):

@@ -26,10 +26,12 @@ from typing import Any
 
 from malleparsl.apps.context import RescaleRequested, TrainContext
 from malleparsl.executors.protocol import RankInfo, SegmentOutcome
+from parsl.app.errors import wrap_error
 
 log = logging.getLogger(__name__)
 
 RESOURCE_SPEC_KW = "parsl_resource_specification"
+_WRAP_ERROR_CODE = wrap_error(lambda: None).__code__  # shared by every wrap_error wrapper
 
 
 def run_rank(
@@ -64,6 +66,8 @@ def run_rank(
         samples_per_s=ctx.samples_per_s,
         result=result if ctx.rank == 0 else None,
         first_step_time=ctx.first_step_time,
+        ckpt_save_s=ctx.ckpt_save_s,
+        ckpt_load_s=ctx.ckpt_load_s,
     )
 
 
@@ -77,6 +81,10 @@ class RankEntry:
     def __init__(self, user_fn: Callable[..., Any]) -> None:
         if not callable(user_fn):
             raise TypeError(f"RankEntry needs a callable training function, got {user_fn!r}")
+        # A function from a plain @python_app arrives inside Parsl's wrap_error, which would turn
+        # exceptions (and the broken-group errors of peers) into return values: peel it off.
+        while getattr(user_fn, "__code__", None) is _WRAP_ERROR_CODE:
+            user_fn = user_fn.__wrapped__  # type: ignore[attr-defined]
         self.user_fn = user_fn
         functools.update_wrapper(self, user_fn)
 

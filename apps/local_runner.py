@@ -146,7 +146,7 @@ class LocalNodes:
                 with contextlib.suppress(OSError):
                     conn.send(None)
         for p in self.procs:
-            p.join(5)
+            p.join(2)  # a worker still importing at start-up will not read its stop message
             if p.is_alive():
                 p.kill()
                 p.join(5)
@@ -194,6 +194,7 @@ class LocalRunner:
         self.nodes = LocalNodes(n=nodes, threads_per_node=threads_per_node, preload=preload)
         self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.host, self.port = "127.0.0.1", self.store.port
+        self._next_segment: dict[str, int] = {}  # segment numbers never repeat within a job
 
     def __enter__(self) -> LocalRunner:
         return self
@@ -238,7 +239,9 @@ class LocalRunner:
         deadline = time.monotonic() + timeout_s
         stop_time: float | None = None
         self.store.delete_key(stop_key(job_id))  # a previous run of this job may have set it
-        for seg, (size, stop_after) in enumerate(schedule):
+        first_seg = self._next_segment.get(job_id, 0)
+        for seg, (size, stop_after) in enumerate(schedule, start=first_seg):
+            self._next_segment[job_id] = seg + 1
             prev_stop, stop_time = stop_time, None
             live = [i for i in range(len(self.nodes.procs)) if self.nodes.alive(i)][:size]
             if len(live) < size:

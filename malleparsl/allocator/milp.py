@@ -150,7 +150,11 @@ class MilpPolicy(AllocationPolicy):
         """Row index of the chosen option per job, or ``None`` without a usable solution."""
         prob = pulp.LpProblem("malleparsl_counts", pulp.LpMaximize)
         y = [prob.add_variable(f"y{i}", 0, 1, cat=pulp.LpBinary) for i in range(len(table))]
-        prob += pulp.LpAffineExpression([(y[i], float(v)) for i, v in enumerate(table.value)])
+        # scale the objective to O(1000): HiGHS warns about (and handles worse) costs of 1e6+
+        scale = max(1e-12, float(np.abs(table.value).max(initial=0.0)) / 1e3)
+        prob += pulp.LpAffineExpression(
+            [(y[i], float(v) / scale) for i, v in enumerate(table.value)]
+        )
         rows_of: list[list[int]] = [[] for _ in range(n_jobs)]
         for i, ji in enumerate(table.job):
             rows_of[int(ji)].append(i)

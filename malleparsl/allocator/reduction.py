@@ -143,16 +143,47 @@ def _incumbent(table: OptionTable, use: np.ndarray, rho: np.ndarray, n_jobs: int
             pick[j] = safe[j]
             if _fits(table, use, pick):
                 break
-    for _ in range(2 * n_jobs + 10):  # best-improvement swaps within the leftover pools
-        slack = table.free - use[pick].sum(axis=0)
-        delta = use - use[pick[table.job]]
-        gain = table.value - table.value[pick[table.job]]
-        ok = np.all(delta <= slack[None, :], axis=1) & (gain > 1e-9)
-        if not ok.any():
+    cand = _candidates(table, best - rho, per_job=4)
+    for _ in range(4 * n_jobs + 10):
+        if not (_single_move(table, use, pick) or _pair_move(table, use, pick, cand)):
             break
-        i = int(np.flatnonzero(ok)[np.argmax(gain[ok])])
-        pick[table.job[i]] = i
     return pick
+
+
+def _candidates(table: OptionTable, regret: np.ndarray, per_job: int) -> np.ndarray:
+    """The ``per_job`` options of each job with the smallest Lagrangian regret."""
+    order = np.lexsort((regret, table.job))
+    rank = np.arange(order.size) - np.searchsorted(table.job[order], table.job[order])
+    return order[rank < per_job]
+
+
+def _single_move(table: OptionTable, use: np.ndarray, pick: np.ndarray) -> bool:
+    """Switch one job to the option gaining most that still fits the leftover pools."""
+    slack = table.free - use[pick].sum(axis=0)
+    delta = use - use[pick[table.job]]
+    gain = table.value - table.value[pick[table.job]]
+    ok = np.all(delta <= slack[None, :], axis=1) & (gain > 1e-9 * np.abs(table.value) + 1e-9)
+    if not ok.any():
+        return False
+    i = int(np.flatnonzero(ok)[np.argmax(gain[ok])])
+    pick[table.job[i]] = i
+    return True
+
+
+def _pair_move(table: OptionTable, use: np.ndarray, pick: np.ndarray, cand: np.ndarray) -> bool:
+    """Switch two jobs at once (one frees nodes the other takes) if that gains and fits."""
+    slack = table.free - use[pick].sum(axis=0)
+    jobs = table.job[cand]
+    delta = use[cand] - use[pick[jobs]]  # (C, L)
+    gain = table.value[cand] - table.value[pick[jobs]]
+    total = gain[:, None] + gain[None, :]
+    fits = np.all(delta[:, None, :] + delta[None, :, :] <= slack[None, None, :], axis=2)
+    ok = fits & (jobs[:, None] != jobs[None, :]) & (total > 1e-9 * np.abs(table.value).max())
+    if not ok.any():
+        return False
+    a, b = np.unravel_index(int(np.argmax(np.where(ok, total, -np.inf))), ok.shape)
+    pick[jobs[a]], pick[jobs[b]] = cand[a], cand[b]
+    return True
 
 
 def reduce_options(table: OptionTable, n_jobs: int) -> Reduction | None:

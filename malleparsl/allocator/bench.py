@@ -286,6 +286,7 @@ def bench_allocator(
     repeats: int = typer.Option(10, help="Random instances per size."),
     time_limit_s: float = typer.Option(5.0, help="Solver time limit of the count MILPs."),
     node_time_limit_s: float = typer.Option(20.0, help="Solver time limit of milp-node."),
+    node_repeats: int = typer.Option(1, help="Instances for milp-node above 64 nodes."),
     seed: int = typer.Option(0, help="Random seed of the instances."),
 ) -> None:
     """Latency (median, p95) and optimality gap of each allocation policy and solver."""
@@ -295,6 +296,7 @@ def bench_allocator(
         repeats=repeats,
         time_limit_s=time_limit_s,
         node_time_limit_s=node_time_limit_s,
+        node_repeats=node_repeats,
         seed=seed,
     )
     if json_out:

@@ -1,0 +1,128 @@
+"""Run trials as Parsl apps: malleable jobs on a MalleableExecutor, or plain one-node tasks.
+
+:class:`AppTrialRunner` turns every suggestion of a search into one call of a
+``@malleable_app``: a job the executor's controller sizes between ``min_nodes`` and
+``max_nodes``, grows when nodes come and shrinks when they go. The rung's budget reaches the
+training function as an ordinary hyperparameter (``config["epochs"]`` or
+``config["samples"]``), and every rung of a trial shares one checkpoint folder, so a promoted
+trial resumes where its previous rung ended. With ``malleable=False`` each trial is instead an
+ordinary HTEX task on one node (the same training function, run with a one-rank
+``TrainContext``): the fallback for executors that cannot resize jobs.
+
+>>> runner = AppTrialRunner(train_fn=print, min_nodes=1, max_nodes=2)   # doctest: +SKIP
+>>> Workflow().add(TrialStage("search", make_asha)); wf.run(runner)     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from malleparsl.errors import SpecError
+
+from .runner import TrialRunner
+from .scheduler import Suggestion
+
+log = logging.getLogger(__name__)
+
+
+def run_plain_trial(train_fn: Callable[..., Any], config: Mapping[str, Any],
+                    ckpt_dir: str | None, options: Mapping[str, Any]) -> Any:
+    """The non-malleable path: ``train_fn(ctx, config)`` with a one-rank local context."""
+    from malleparsl.apps.context import TrainContext
+
+    ctx = TrainContext.local(ckpt_dir=ckpt_dir, **dict(options))
+    try:
+        return train_fn(ctx, dict(config))
+    finally:
+        ctx.close()
+
+
+class AppTrialRunner(TrialRunner):
+    """Submit each trial as a Parsl app on the executor labelled ``executor``.
+
+    Parameters
+    ----------
+    train_fn
+        ``train_fn(ctx, config) -> metrics dict``; ``config`` holds the trial's
+        hyperparameters plus the rung budget under ``budget_unit``.
+    budget_unit
+        ``"epochs"`` or ``"samples"``: the key the budget is passed under.
+    min_nodes, max_nodes
+        Size bounds of every trial's malleable job.
+    samples_per_unit
+        Samples in one budget unit (an epoch's samples); lets the controller know each job's
+        remaining work (``total_samples``). Optional.
+    options
+        Extra malleable options for every job (``torch_threads``, ``ckpt_interval_s``...).
+    malleable
+        False runs every trial as a plain one-node task (no resizing).
+    """
+
+    def __init__(
+        self,
+        *,
+        train_fn: Callable[..., Any],
+        budget_unit: str = "epochs",
+        min_nodes: int = 1,
+        max_nodes: int = 4,
+        executor: str = "malleable",
+        ckpt_root: str | os.PathLike[str] | None = None,
+        samples_per_unit: float | None = None,
+        options: Mapping[str, Any] | None = None,
+        malleable: bool = True,
+    ) -> None:
+        super().__init__(ckpt_root=ckpt_root)
+        if budget_unit not in ("epochs", "samples"):
+            raise SpecError(f"budget_unit must be 'epochs' or 'samples', got {budget_unit!r}")
+        if not callable(train_fn):
+            raise SpecError(f"train_fn must be a function (ctx, config) -> metrics, got {train_fn!r}")
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= max_nodes:
+            raise SpecError(
+                f"need integers 1 <= min_nodes <= max_nodes, got min_nodes={min_nodes!r}, "
+                f"max_nodes={max_nodes!r}"
+            )
+        self.train_fn, self.budget_unit = train_fn, budget_unit
+        self.min_nodes, self.max_nodes, self.executor = min_nodes, max_nodes, executor
+        self.samples_per_unit = samples_per_unit
+        self.options = dict(options or {})
+        self.malleable = malleable
+        self._app: Any = None
+        self._prev_budget: dict[tuple[str, str], float] = {}
+
+    def _build(self) -> Any:
+        if self.malleable:
+            from malleparsl.apps.decorator import MalleableApp, malleable_app
+
+            if isinstance(self.train_fn, MalleableApp):
+                return self.train_fn
+            return malleable_app(self.train_fn, min_nodes=self.min_nodes, max_nodes=self.max_nodes,
+                                 executors=[self.executor], **self.options)
+        from parsl.app.python import PythonApp
+
+        return PythonApp(run_plain_trial, executors=[self.executor])
+
+    def config_for(self, s: Suggestion) -> dict[str, Any]:
+        """The configuration the training function receives: hyperparameters plus budget."""
+        return {**dict(s.config), self.budget_unit: s.budget}
+
+    def _submit(self, stage: str, s: Suggestion, job_id: str, ckpt_dir: str | None) -> cf.Future:
+        if self._app is None:
+            self._app = self._build()
+        cfg = self.config_for(s)
+        if not self.malleable:
+            fn = getattr(self.train_fn, "entry", None)
+            fn = getattr(fn, "user_fn", self.train_fn)
+            return self._app(fn, cfg, ckpt_dir, {**self.options, "torch_threads": 1})
+        opts: dict[str, Any] = {"job_id": job_id, "seed": int(s.config.get("seed", 0))}
+        if ckpt_dir is not None:
+            opts["ckpt_dir"] = ckpt_dir
+        if self.samples_per_unit:
+            prev = self._prev_budget.get((stage, s.trial_id), 0.0)
+            opts["total_samples"] = max(1.0, (s.budget - prev) * float(self.samples_per_unit))
+            self._prev_budget[(stage, s.trial_id)] = s.budget
+        log.debug("submit %s (%s) with %s", job_id, cfg, opts)
+        return self._app(cfg, malleable_options=opts)

@@ -1,0 +1,121 @@
+"""The demo's training function: a small MLP or CNN on scikit-learn's digits, malleable.
+
+``train_digits(ctx, config)`` is what a scientist writes for malleparsl: an ordinary training
+loop over ``ctx.steps(...)`` (which shards each global batch across however many nodes the job
+holds now, stops at a step boundary for a rescale and resumes from the checkpoint), then an
+evaluation. The budget arrives as an ordinary hyperparameter, ``config["epochs"]`` (or
+``config["samples"]``), so a trial promoted by ASHA to a larger budget simply continues from
+its last checkpoint to the new end.
+
+The digits set (1,797 8x8 images) is split once, deterministically: 80 % train, 20 % test.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from malleparsl.errors import SpecError
+
+from .nas import build_model
+from .scheduler import Budget
+from .space import Choice, IntRange, LogUniform, SearchSpace
+
+
+def default_space() -> SearchSpace:
+    """The demo's search space: learning rate, width, depth and batch size of an MLP."""
+    return SearchSpace({
+        "lr": LogUniform(3e-4, 3e-2),
+        "width": Choice([32, 64, 128]),
+        "depth": IntRange(1, 2),
+        "batch_size": Choice([32, 64]),
+    })
+
+
+def default_budget(*, quick: bool = False) -> Budget:
+    """Epochs per rung: 2 -> 6 -> 18 (quick: 2 -> 6). An epoch is 1,437 samples: cheap."""
+    return Budget(unit="epochs", min_budget=2, max_budget=6 if quick else 18, eta=3)
+
+
+@functools.lru_cache(maxsize=1)
+def load_split(seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    """``(X_train, y_train, X_test, y_test)`` as float/long tensors, pixels scaled to [0, 1].
+
+    The split is cached as an ``.npz`` in the temp folder: importing scikit-learn costs seconds
+    on every fresh worker, reading the cache milliseconds.
+    """
+    import numpy as np
+    import torch
+
+    cache = Path(tempfile.gettempdir()) / f"malleparsl-digits-v1-seed{seed}.npz"
+    try:
+        with np.load(cache) as z:
+            Xtr, ytr, Xte, yte = z["Xtr"], z["ytr"], z["Xte"], z["yte"]
+    except (OSError, KeyError, ValueError):
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        X, y = load_digits(return_X_y=True)
+        Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.2, random_state=seed,
+                                              stratify=y)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, Xtr=Xtr, ytr=ytr, Xte=Xte, yte=yte)
+        os.replace(tmp, cache)  # atomic: readers see the whole file or none
+    f = functools.partial(torch.tensor, dtype=torch.float32)
+    return f(Xtr), torch.tensor(ytr), f(Xte), torch.tensor(yte)
+
+
+def arch_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The architecture a config asks for: ``config["arch"]`` (NAS) or an MLP of width x depth."""
+    if "arch" in config:
+        return dict(config["arch"])
+    return {"kind": "mlp", "layers": [int(config.get("width", 64))] * int(config.get("depth", 1)),
+            "activation": str(config.get("activation", "relu"))}
+
+
+def total_steps(config: Mapping[str, Any], dataset_size: int) -> int:
+    """Optimizer steps for the budget in ``config`` (``epochs`` or ``samples``)."""
+    batch = int(config.get("batch_size", 64))
+    if "samples" in config:
+        return max(1, math.ceil(float(config["samples"]) / batch))
+    if "epochs" in config:
+        return max(1, math.ceil(float(config["epochs"]) * dataset_size / batch))
+    raise SpecError(
+        f"config {dict(config)!r} gives no budget; add 'epochs' or 'samples' (the workflow "
+        "runner does this for each rung)"
+    )
+
+
+def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
+    """Train ``arch_of(config)`` with Adam on the digits training split; return test metrics."""
+    import torch
+    import torch.nn.functional as F
+
+    Xtr, ytr, Xte, yte = load_split()
+    torch.manual_seed(int(config.get("seed", 0)))
+    model = build_model(arch_of(config)).to(ctx.device)
+    opt = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-2)))
+    ctx.register(model=model, optimizer=opt)
+    loss = math.nan
+    batch = int(config.get("batch_size", 64))
+    for step in ctx.steps(total_steps(config, len(Xtr)), global_batch=batch,
+                          dataset_size=len(Xtr)):
+        opt.zero_grad()
+        for idx in step.micro_batches():
+            step.backward(F.cross_entropy(model(Xtr[idx]), ytr[idx], reduction="sum"))
+        loss = step.sync(model)
+        opt.step()
+        ctx.report(loss=loss)
+    ctx.save()  # the end of a rung: a promoted trial resumes from here
+    if math.isnan(loss) and ctx.history:  # resumed at the end: the loop had nothing left to do
+        loss = float(ctx.history[-1].get("loss", math.nan))
+    model.eval()
+    with torch.no_grad():
+        acc = float((model(Xte).argmax(1) == yte).float().mean())
+    return {"accuracy": acc, "loss": float(loss), "steps": int(ctx.step),
+            "samples": float(ctx.samples)}

@@ -1,0 +1,209 @@
+"""The demo's report folder: ``report.html`` with PNG plots, ``summary.json``, the trials table.
+
+Plots come from the :class:`~malleparsl.workflows.timeline.Recorder`'s samples and the trials
+table: nodes over time coloured by trial, each trial's size over time, aggregate throughput
+against a linear-scaling upper bound, and the trials' accuracies. The simulator's plots
+(:mod:`malleparsl.report`) are drawn in hours over days of trace; a demo lasts minutes, so
+these draw seconds and per-node detail instead, with the same Agg backend.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .results import TrialsTable
+from .runner import TrialEvent
+from .timeline import Sample
+
+log = logging.getLogger(__name__)
+
+
+def _plt():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def trial_of_job(events: Sequence[TrialEvent]) -> dict[str, str]:
+    """``job id -> "stage/trial"`` (a trial runs one job per rung)."""
+    return {e.job_id: f"{e.stage}/{e.trial_id}" for e in events}
+
+
+def _colours(keys: Sequence[str]) -> dict[str, Any]:
+    plt = _plt()
+    cmap = plt.get_cmap("tab20")
+    return {k: cmap(i % 20) for i, k in enumerate(keys)}
+
+
+def throughput_series(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(t, samples/s, bound)``: progress rate summed over jobs, and the linear bound.
+
+    The rate is the growth of each job's trained-sample count between samples (a restart that
+    rolls back counts as 0). The bound gives every ready node the best per-node rate any
+    segment measured: what perfect scaling without pauses would reach.
+    """
+    per_node = max((r / len(s.running[j]) for s in samples for j, r in s.rates.items()
+                    if s.running.get(j)), default=0.0)
+    t, rate, bound = [], [], []
+    for a, b in zip(samples, samples[1:]):
+        dt = b.t - a.t
+        if dt <= 0:
+            continue
+        grow = sum(max(0.0, b.samples[j] - a.samples.get(j, b.samples[j])) for j in b.samples)
+        t.append(a.t)
+        rate.append(grow / dt)
+        bound.append(per_node * len(a.ready))
+    return np.asarray(t), np.asarray(rate), np.asarray(bound)
+
+
+def plot_nodes_timeline(samples: Sequence[Sample], job_trial: Mapping[str, str], path: Path) -> Path:
+    """One row per node: grey while ready and idle, the trial's colour while it runs a rank."""
+    plt = _plt()
+    nodes = sorted({n for s in samples for n in s.ready | s.usable | s.used})
+    trials = sorted(set(job_trial.values()))
+    colour = _colours(trials)
+    fig, ax = plt.subplots(figsize=(10, 0.35 * max(4, len(nodes)) + 1.5))
+    for i, node in enumerate(nodes):
+        for a, b in zip(samples, samples[1:]):
+            owner = next((j for j, ns in a.running.items() if node in ns), None)
+            if owner is not None:
+                c = colour.get(job_trial.get(owner, owner), "tab:blue")
+                ax.broken_barh([(a.t, b.t - a.t)], (i - 0.4, 0.8), color=c, lw=0)
+            elif node in a.ready:
+                ax.broken_barh([(a.t, b.t - a.t)], (i - 0.4, 0.8), color="0.85", lw=0)
+    ax.set_yticks(range(len(nodes)), nodes, fontsize=7)
+    ax.set_xlabel("seconds")
+    ax.set_title("Nodes over time (grey: idle, colour: the trial running on it; blank: not ours)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[t]) for t in trials[:20]]
+    if handles:
+        ax.legend(handles, trials[:20], fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_trial_sizes(samples: Sequence[Sample], job_trial: Mapping[str, str], path: Path) -> Path:
+    """Nodes held by each trial over time, stacked (the top edge is all nodes in use)."""
+    plt = _plt()
+    trials = sorted(set(job_trial.values()))
+    t = np.array([s.t for s in samples])
+    ys = []
+    for tr in trials:
+        ys.append(np.array([sum(len(ns) for j, ns in s.running.items()
+                                if job_trial.get(j, j) == tr) for s in samples]))
+    ready = np.array([len(s.ready) for s in samples])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    if ys and len(t):
+        ax.stackplot(t, *ys, labels=trials, colors=[_colours(trials)[x] for x in trials], step="post")
+    ax.step(t, ready, where="post", color="k", lw=1, label="nodes ready")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("nodes")
+    ax.set_title("Each trial's size over time")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_throughput(samples: Sequence[Sample], path: Path) -> Path:
+    plt = _plt()
+    t, rate, bound = throughput_series(samples)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    if len(t):
+        ax.fill_between(t, bound, step="post", color="0.85", label="upper bound (linear scaling)")
+        ax.step(t, rate, where="post", lw=1, label="measured")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Aggregate training throughput against the upper bound")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracies(table: TrialsTable, path: Path, *, target: float | None = 0.95) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    order = {}
+    for r in table.rows:
+        order.setdefault(f"{r.stage}/{r.trial_id}", len(order))
+    marks = "os^Dv*"
+    for stage in sorted({r.stage for r in table.rows}):
+        for rung in sorted({r.rung for r in table.rows if r.stage == stage}):
+            pts = [(order[f"{r.stage}/{r.trial_id}"], r.metrics.get(table.metric))
+                   for r in table.rows if r.stage == stage and r.rung == rung and r.ok]
+            pts = [(x, y) for x, y in pts if isinstance(y, (int, float))]
+            if pts:
+                ax.scatter(*zip(*pts), marker=marks[rung % len(marks)],
+                           label=f"{stage} rung {rung}", s=30)
+    if target is not None:
+        ax.axhline(target, color="0.5", ls="--", lw=0.8, label=f"target {target}")
+    ax.set_xlabel("trial (in order of first start)")
+    ax.set_ylabel(table.metric)
+    ax.set_title("Trials' test accuracies")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
+                 events: Sequence[TrialEvent], summary: Mapping[str, Any],
+                 title: str = "malleparsl demo") -> dict[str, Path]:
+    """Write every file of the report folder; returns their paths by name."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    jt = trial_of_job(events)
+    paths: dict[str, Path] = {}
+    paths.update(table.save(folder))
+    plots = {
+        "nodes_timeline": ("Nodes over time, coloured by trial",
+                           lambda p: plot_nodes_timeline(samples, jt, p)),
+        "trial_sizes": ("Each trial's size over time", lambda p: plot_trial_sizes(samples, jt, p)),
+        "throughput": ("Throughput against the upper bound", lambda p: plot_throughput(samples, p)),
+        "accuracies": ("The trials' accuracies", lambda p: plot_accuracies(table, p)),
+    }
+    for name, (_, draw) in plots.items():
+        try:
+            paths[name] = draw(folder / f"{name}.png")
+        except Exception:
+            log.exception("plot %s failed", name)
+    paths["summary"] = folder / "summary.json"
+    paths["summary"].write_text(json.dumps(dict(summary), indent=2, default=str))
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}"
+                   "</td></tr>" for k, v in summary.items())
+    imgs = "".join(f"<h2>{html.escape(cap)}</h2><img src='{name}.png' alt='{html.escape(cap)}'>"
+                   for name, (cap, _) in plots.items() if name in paths)
+    frame = table.to_frame()
+    trials_html = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}") if len(frame) else ""
+    doc = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} img{{max-width:100%}}
+table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<table>{rows}</table>
+{imgs}
+<h2>Trials</h2>
+{trials_html}
+</body></html>
+"""
+    paths["html"] = folder / "report.html"
+    paths["html"].write_text(doc)
+    return paths

@@ -1,0 +1,156 @@
+"""A sampler that records what the live system does, for progress displays and the report.
+
+Every ``period_s`` it reads, without taking part in any decision: the nodes the executor
+holds ready, the nodes the controller may plan with, which nodes each malleable job's running
+segment occupies, and each job's training progress (rank 0's record in the control loop's
+store). The samples become the demo's live view and, afterwards, its plots and the
+node-seconds in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The system at one instant (``t`` seconds since the recorder started)."""
+
+    t: float
+    ready: frozenset[str]  # nodes whose pilot is up
+    usable: frozenset[str]  # nodes the controller may plan with
+    running: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job -> segment nodes
+    samples: dict[str, float] = field(default_factory=dict)  # job -> samples trained so far
+    rates: dict[str, float] = field(default_factory=dict)  # job -> samples/s (last record)
+
+    @property
+    def used(self) -> frozenset[str]:
+        return frozenset(n for nodes in self.running.values() for n in nodes)
+
+    @property
+    def idle(self) -> frozenset[str]:
+        return self.ready - self.used
+
+
+class Recorder:
+    """Samples a started MalleableExecutor (or nothing, for thread runners) in a thread."""
+
+    def __init__(self, *, executor: Any = None, period_s: float = 0.5) -> None:
+        self.executor, self.period_s = executor, period_s
+        self.samples: list[Sample] = []
+        self.t0 = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self) -> Recorder:
+        self.t0 = time.time()
+        self._thread = threading.Thread(target=self._run, name="malleparsl-recorder", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()  # the final state
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.sample()
+            except Exception:  # never take the run down for a display
+                log.debug("recorder sample failed", exc_info=True)
+
+    # ---- sampling -----------------------------------------------------------------------
+    @property
+    def control(self) -> Any:
+        return getattr(self.executor, "control", None)
+
+    def sample(self) -> Sample:
+        t = time.time() - self.t0
+        ex, ctl = self.executor, self.control
+        ready = frozenset(ex.ready_nodes()) if ex is not None else frozenset()
+        usable: frozenset[str] = frozenset()
+        running: dict[str, tuple[str, ...]] = {}
+        samples: dict[str, float] = {}
+        rates: dict[str, float] = {}
+        if ctl is not None:
+            usable = frozenset(ctl.controller.nodes)
+            for job_id, job in list(ctl.jobs.items()):
+                nodes = tuple(job.nodes)
+                if nodes:
+                    running[job_id] = nodes
+                    prog = self._progress(job_id, getattr(job.segment, "index", None))
+                    if prog:
+                        samples[job_id] = float(prog.get("samples") or 0.0)
+                        if prog.get("samples_per_s"):
+                            rates[job_id] = float(prog["samples_per_s"])
+        s = Sample(t, ready, usable, running, samples, rates)
+        with self._lock:
+            self.samples.append(s)
+        return s
+
+    def latest(self) -> Sample | None:
+        with self._lock:
+            return self.samples[-1] if self.samples else None
+
+    def _progress(self, job_id: str, segment: int | None) -> dict[str, Any] | None:
+        if segment is None:
+            return None
+        store = self._client()
+        if store is None:
+            return None
+        from malleparsl.executors.protocol import progress_key
+
+        key = progress_key(job_id, segment)
+        try:
+            if not store.check([key]):
+                return None
+            return json.loads(store.get(key))
+        except Exception:
+            return None
+
+    def _client(self) -> Any:
+        if self._store is None:
+            ctl = self.control
+            port = getattr(ctl, "store_port", None)
+            if port is None:
+                return None
+            import datetime
+
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(ctl.store_host, port, is_master=False,
+                                        timeout=datetime.timedelta(seconds=5))
+        return self._store
+
+    # ---- summaries ----------------------------------------------------------------------
+    def node_seconds(self) -> tuple[float, float]:
+        """``(idle, used)`` node-seconds: ready nodes without / with a running segment."""
+        idle = used = 0.0
+        for a, b in zip(self.samples, self.samples[1:]):
+            dt = b.t - a.t
+            used += dt * len(a.used)
+            idle += dt * len(a.idle)
+        return idle, used
+
+    def rescale_count(self) -> dict[str, int]:
+        """Relaunches per kind (up, down, same, restart) over every malleable job."""
+        out: dict[str, int] = {}
+        ctl = self.control
+        if ctl is None:
+            return out
+        for job in list(ctl.jobs.values()):
+            for r in job.rescales:
+                out[r.kind] = out.get(r.kind, 0) + 1
+        return out

@@ -210,6 +210,8 @@ class Controller:
 
     def _admit(self, now_s: float) -> None:
         active = len(self.active_jobs)
+        if self.max_active is not None and active >= self.max_active:
+            return  # full: skip sorting every job ever submitted (hot in long simulations)
         for js in sorted(self.jobs.values(), key=lambda j: (j.submitted_s, j.spec.submit_s)):
             if js.status is not JobStatus.QUEUED:
                 continue

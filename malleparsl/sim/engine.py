@@ -133,7 +133,7 @@ def simulate(
     totals = dict(used=0.0, rescales=0, pause=0.0, ppause=0.0, pcost=0.0, preempt=0, replans=0)
     si = ei = ji = 0
     now = t0
-    n_ev = n_done = 0
+    n_ev = n_done = n_act = 0
 
     def advance(t: float) -> None:
         dt = t - now
@@ -257,7 +257,8 @@ def simulate(
                 schedule_finish(r, now)
                 size_rows.append((now, jid, new_size))
             n_changed = len(changed)
-        n_act = len(ctl.active_jobs)
+        if must_replan:
+            n_act = len(ctl.active_jobs)
         ev_rows.append((
             now, len(ctl.nodes), sum(runs[j].size for j in running), n_act, ji - n_done - n_act,
             sum(runs[j].rate for j in running if runs[j].pause_until <= now),

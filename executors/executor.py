@@ -62,6 +62,8 @@ class MalleableExecutor(HighThroughputExecutor):
     poll_period_s : how often the node monitor asks the interchange which managers are alive.
     warm_modules : modules the probe imports on every new node (e.g. ``("torch",)``) so a
         rescale does not pay for the import.
+    malleable : start the control loop (it imports torch and serves a TCPStore). ``False``
+        gives a plain node-aware HTEX: ordinary apps and ``submit_to_node`` only.
     **htex_kwargs : any other ``HighThroughputExecutor`` argument. Heartbeats default to a 2 s
         period and a 10 s threshold (HTEX: 30 s / 120 s): a lost node should be noticed quickly.
 
@@ -85,6 +87,7 @@ class MalleableExecutor(HighThroughputExecutor):
         poll_period_s: float = 0.5,
         ckpt_root: str | None = None,
         warm_modules: Sequence[str] = (),
+        malleable: bool = True,
         **htex_kwargs: Any,
     ) -> None:
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
@@ -113,6 +116,7 @@ class MalleableExecutor(HighThroughputExecutor):
         self.poll_period_s = poll_period_s
         self.ckpt_root = ckpt_root
         self.warm_modules = tuple(warm_modules)
+        self.malleable = malleable
         self.node_table = NodeTable()
         self.control: Any = None
         self._listeners: list[Listener] = []
@@ -143,7 +147,7 @@ class MalleableExecutor(HighThroughputExecutor):
         if self.node_source is None and self.nodes:
             for i in range(self.nodes):
                 self.add_node(f"node-{i:02d}")
-        self.control = self._make_control()
+        self.control = self._make_control() if self.malleable else None
         if self.control is not None:
             self.control.start()
 

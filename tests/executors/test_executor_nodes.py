@@ -1,0 +1,89 @@
+"""Node bookkeeping rules of the MalleableExecutor, without processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from malleparsl.executors.nodes import NodeTable, probe_node
+
+from malleparsl.errors import SpecError
+
+
+def mgr(block: str, manager: str = "m", active: bool = True) -> dict:
+    return {"block_id": block, "manager": manager, "active": active}
+
+
+def test_node_lifecycle_pending_probing_ready_lost():
+    t = NodeTable()
+    t.add("n0", block_id="0", job_id="j0", end_s=None)
+    probe, events = t.reconcile([], [])
+    assert probe == [] and events == [] and t.get("n0").state == "pending"
+    probe, events = t.reconcile([mgr("0", "abc")], [])
+    assert [r.name for r in probe] == ["n0"] and events == []
+    assert t.get("n0").state == "probing" and t.get("n0").manager_id == "abc"
+    # a second reconcile does not probe again
+    assert t.reconcile([mgr("0", "abc")], []) == ([], [])
+    assert t.probed("n0", {"pid": 1}) == [("ready", "n0")]
+    assert t.ready() == {"n0"}
+    # the manager vanishes (heartbeat expired): one lost event, then nothing
+    assert t.reconcile([], [])[1] == [("lost", "n0")]
+    assert t.reconcile([], [])[1] == []
+    assert t.ready() == set() and not t.get("n0").alive
+
+
+def test_lost_is_emitted_only_for_nodes_that_were_ready():
+    t = NodeTable()
+    t.add("a", block_id="1", job_id="j", end_s=None)
+    t.add("b", block_id="2", job_id="k", end_s=None)
+    t.reconcile([mgr("1")], [])  # a is probing
+    _, events = t.reconcile([], ["2"])  # a's manager gone, b's pilot ended before registering
+    assert events == []
+    assert t.get("a").state == "gone" and t.get("b").state == "gone"
+    assert "before registering" in t.get("b").gone_reason
+
+
+def test_inactive_manager_counts_as_gone():
+    t = NodeTable()
+    t.add("a", block_id="1", job_id="j", end_s=None)
+    t.reconcile([mgr("1")], [])
+    t.probed("a", {})
+    assert t.reconcile([mgr("1", active=False)], [])[1] == [("lost", "a")]
+
+
+def test_gone_is_idempotent_and_probe_after_gone_is_ignored():
+    t = NodeTable()
+    t.add("a", block_id="1", job_id="j", end_s=5.0)
+    t.reconcile([mgr("1")], [])
+    assert t.gone("a", "released") == []  # it never became ready
+    assert t.gone("a", "again") == []
+    assert t.probed("a", {}) == []
+    assert t.get("a").gone_reason == "released" and t.get("a").end_s == 5.0
+
+
+def test_names_can_be_reused_only_after_the_node_is_gone():
+    t = NodeTable()
+    t.add("a", block_id="1", job_id="j", end_s=None)
+    with pytest.raises(SpecError, match="already pending"):
+        t.check_new_name("a")
+    t.gone("a", "released")
+    t.check_new_name("a")
+    t.add("a", block_id="7", job_id="j7", end_s=None)
+    assert t.by_block("7").name == "a" and t.get("a").block_id == "7"
+    with pytest.raises(SpecError, match="non-empty string"):
+        t.check_new_name("")
+
+
+def test_auto_names_are_unique():
+    t = NodeTable()
+    n1 = t.auto_name("3", "malleable")
+    t.add(n1, block_id="3", job_id="x", end_s=None)
+    n2 = t.auto_name("3", "malleable")
+    assert n1 == "malleable-b3" and n2 != n1
+
+
+def test_probe_reports_this_process_and_imports_modules():
+    info = probe_node(("json",))
+    assert info["pid"] == os.getpid() and info["pgid"] == os.getpgid(0)
+    with pytest.raises(ModuleNotFoundError):
+        probe_node(("no_such_module_malleparsl",))

@@ -112,7 +112,8 @@ def is_node_loss(exc: BaseException) -> bool:
 def _looks_collateral(exc: BaseException) -> bool:
     """A rank error that is most likely a *consequence* of another rank failing (broken group)."""
     names = {t.__name__ for t in type(exc).__mro__}
-    if names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}:
+    if names & {"GroupBrokenError", "DistError", "DistBackendError", "DistNetworkError",
+                 "DistStoreError"}:
         return True
     text = str(exc).lower()
     return any(s in text for s in ("gloo", "connection closed", "connection reset", "timed out"))

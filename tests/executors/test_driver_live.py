@@ -152,3 +152,34 @@ def test_user_exception_fails_the_future_with_its_traceback_and_no_relaunch(live
     assert job.next_index == 1 and job.restarts == 0
     assert job.resolutions == 1
     wait_for(lambda: not ex.control.controller.allocation.nodes_of("boom"), 10, "nodes freed")
+
+
+def test_apps_training_grows_under_parsl_and_matches_an_unrescaled_run(live, tmp_path):
+    """The apps layer's real entry (``@malleable_app`` on the digits MLP) through this driver:
+    it starts on 2 nodes, grows to 3 when a blocking job frees its node, and its loss trajectory
+    equals a run without rescales (global batch constant across sizes)."""
+    apps = pytest.importorskip("malleparsl.apps")
+    from malleparsl.apps.entry import RankEntry
+    from malleparsl.apps.examples_digits import train_digits
+
+    ex, src, store = live
+    exactly(ex, src, 3)
+    steps, opts = 150, {"progress_interval_s": 0.2, "torch_threads": 1, "ckpt_interval_s": 1e9}
+    blocker, bjob = start_job(ex, "blocker", max_nodes=1, steps=10**6, step_s=0.05,
+                              progress_every_s=0.1, finish_key="test/blocker/finish")
+    wait_for(lambda: stepping(bjob, 1), what="the blocking job to run")
+    app = apps.malleable_app(min_nodes=1, max_nodes=3, job_id="digits", **opts)(train_digits)
+    fut = app(arch="mlp", total_steps=steps)
+    wait_for(lambda: "digits" in ex.control.jobs, 30, "admission")
+    job = ex.control.jobs["digits"]
+    wait_for(lambda: stepping(job, 2), what="digits to step at size 2")
+    store.set("test/blocker/finish", "1")
+    blocker.result(timeout=60)
+    res = fut.result(timeout=240)
+    assert [len(n) for n in job.history] == [2, 3] and job.resolutions == 1
+    assert [r.kind for r in job.rescales] == ["up"]
+    ref = RankEntry(train_digits).local(arch="mlp", total_steps=steps, ckpt_dir=str(tmp_path))
+    got = [h["loss"] for h in res["history"]]
+    want = [h["loss"] for h in ref["history"]]
+    assert len(got) == len(want) == steps
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5

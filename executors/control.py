@@ -19,73 +19,20 @@ import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
+from malleparsl.executors.planning import build_policy, spec_from_options
 
-from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
-from malleparsl.controller import Controller, CurveAdvisor, JobState
+from malleparsl.allocator.base import AllocationPolicy
+from malleparsl.controller import Controller, CurveAdvisor
 from malleparsl.errors import SpecError
-from malleparsl.model import Allocation, JobSpec, NodeId, ScalingCurve
+from malleparsl.model import NodeId
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
-
-_SPEC_KEYS = ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s", "total_samples")
-
-
-class LinearPlaceholderAdvisor(CurveAdvisor):
-    """Plans with the job's own curve, or -- for a job without one -- ``rate(n) = n``.
-
-    A placeholder until the Job Profiling Advisor (:mod:`malleparsl.jpa`) learns curves online:
-    "linear from one node" gives every uncurved job the same, optimistic scaling, so the policy
-    spreads nodes evenly between such jobs and grows each to its maximum. Pass
-    ``advisor=JobProfilingAdvisor()`` to the executor to plan with measured rates instead.
-    """
-
-    def views(
-        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
-    ) -> list[JobView]:
-        out = []
-        for js in jobs:
-            spec = js.spec
-            curve = spec.curve or ScalingCurve(
-                tuple(range(1, spec.max_nodes + 1)),
-                tuple(float(n) for n in range(1, spec.max_nodes + 1)),
-                name=f"{spec.job_id}-linear-placeholder",
-            )
-            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
-        return out
-
-
-def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobSpec:
-    """Build the controller's :class:`JobSpec` from a job's malleable options dict.
-
-    ``job_id`` is generated when absent; ``curve`` is a list of ``[nodes, samples_per_s]``.
-    """
-    if not isinstance(options, Mapping):
-        raise SpecError(
-            f"malleable options must be a dict, got {type(options).__name__}; pass "
-            'resource_specification={"malleable": {"min_nodes": 1, "max_nodes": 4}}'
-        )
-    job_id = options.get("job_id") or f"job-{uuid.uuid4().hex[:10]}"
-    kw: dict[str, Any] = {k: options[k] for k in _SPEC_KEYS if options.get(k) is not None}
-    if "max_nodes" not in kw:
-        kw["max_nodes"] = max(1, int(kw.get("min_nodes", 1)))
-    curve = options.get("curve")
-    if curve is not None and not isinstance(curve, ScalingCurve):
-        try:
-            points = {int(n): float(r) for n, r in curve}
-        except (TypeError, ValueError):
-            raise SpecError(
-                f"job {job_id!r}: curve must be a list of [nodes, samples_per_s] pairs, got "
-                f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
-            ) from None
-        curve = ScalingCurve.from_points(points, name=str(job_id))
-    return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
 
 
 def warm_node() -> int:
@@ -105,6 +52,9 @@ class ControlLoop:
         ``ready_nodes``, ``add_node_listener``).
     policy : str or AllocationPolicy
         A registered policy name (``malleparsl.allocator.policy_names()``) or an instance.
+        ``"jpa"`` profiles jobs online: it builds a
+        :class:`~malleparsl.jpa.JobProfilingAdvisor` (unless ``advisor`` is one) and wraps
+        ``policy_options.get("inner", "milp")`` with the JPA's probe-first policy.
     advisor : CurveAdvisor, optional
         Defaults to :class:`LinearPlaceholderAdvisor` (the job's curve, else linear).
     node_source : NodeSource, optional
@@ -112,6 +62,9 @@ class ControlLoop:
         removes the node from the plan and releases its pilot after ``release_grace_s``.
     ckpt_root : str, optional
         Jobs checkpoint to ``<ckpt_root>/<job_id>`` unless their options give ``ckpt_dir``.
+    observe_replan_s : float
+        New rate measurements trigger a replan at most this often (node and job events
+        replan at once), so a learning advisor can act on what it learned.
     """
 
     def __init__(
@@ -131,15 +84,16 @@ class ControlLoop:
         fail_grace_s: float = 30.0,
         max_restarts: int = 10,
         tfwd_s: float = 10.0,
+        observe_replan_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if poll_period_s <= 0:
             raise SpecError(f"poll_period_s must be > 0, got {poll_period_s!r}")
         self.executor = executor
-        pol = make_policy(policy, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        pol, advisor = build_policy(policy, dict(policy_options or {}), advisor)
         self.controller = Controller(
             policy=pol,
-            advisor=advisor if advisor is not None else LinearPlaceholderAdvisor(),
+            advisor=advisor,
             max_active=max_active,
             tfwd_s=tfwd_s,
         )
@@ -152,7 +106,10 @@ class ControlLoop:
         self.release_grace_s = release_grace_s
         self.fail_grace_s = fail_grace_s
         self.max_restarts = max_restarts
+        self.observe_replan_s = observe_replan_s
         self.clock = clock
+        self._observed = False
+        self._last_replan = 0.0
         self.jobs: dict[str, MalleableJob] = {}
         self.replans = 0
         self._queue: queue.Queue[tuple] = queue.Queue()
@@ -244,6 +201,8 @@ class ControlLoop:
                 if time.monotonic() >= next_tick:
                     dirty |= self._tick()
                     next_tick = time.monotonic() + self.poll_period_s
+                    dirty |= self._observed and (
+                        time.monotonic() - self._last_replan >= self.observe_replan_s)
                 if dirty and not self._stop.is_set():
                     self._replan()
         except BaseException as exc:  # never die silently: the futures would hang
@@ -345,6 +304,7 @@ class ControlLoop:
                 prog = None
             if prog is not None and job_id in self.controller.jobs:
                 self.controller.observe(job_id, n_nodes=prog[0], samples_per_s=prog[1], now_s=now)
+                self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down"):
                     self.controller.observe_rescale(job_id, kind=rec.kind, pause_s=rec.pause_s)
@@ -360,6 +320,7 @@ class ControlLoop:
             self._releases[e.node] = now + self.release_grace_s
 
     def _replan(self) -> None:
+        self._observed, self._last_replan = False, time.monotonic()
         now = self.clock()
         try:
             self.controller.replan(now_s=now)

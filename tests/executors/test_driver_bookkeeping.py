@@ -11,7 +11,6 @@ from concurrent.futures import Future
 
 import pytest
 from malleparsl.executors.bench_rescale import KeepAndFillPolicy
-from malleparsl.executors.control import LinearPlaceholderAdvisor, spec_from_options
 from malleparsl.executors.driver import (
     DriverEvent,
     JobState,
@@ -20,6 +19,7 @@ from malleparsl.executors.driver import (
     is_node_loss,
 )
 from malleparsl.executors.manual_source import ManualNodeSource
+from malleparsl.executors.planning import LinearPlaceholderAdvisor, build_policy, spec_from_options
 from malleparsl.executors.protocol import SegmentOutcome, stop_key
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
@@ -263,3 +263,14 @@ def test_manual_source_queues_events_once_and_checks_names():
     assert src.poll(1) == []
     with pytest.raises(SpecError, match="non-empty string"):
         src.idle("")
+
+
+def test_build_policy_pairs_the_jpa_with_its_advisor_and_defaults_to_the_placeholder():
+    from malleparsl.jpa import JobProfilingAdvisor
+
+    pol, adv = build_policy("jpa", {}, None)
+    assert isinstance(adv, JobProfilingAdvisor) and pol.advisor is adv
+    pol, adv = build_policy("milp", {}, None)
+    assert pol.name == "milp" and isinstance(adv, LinearPlaceholderAdvisor)
+    with pytest.raises(KeyError, match="valid policys are"):
+        build_policy("no-such-policy", {}, None)

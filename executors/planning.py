@@ -1,0 +1,85 @@
+"""How the control loop plans: job options to specs, the curve advisor, the policy.
+
+Kept apart from the control thread so the choices are easy to read and test: a malleable
+app's options dict becomes the controller's :class:`~malleparsl.model.JobSpec`; a job without
+a curve is planned with :class:`LinearPlaceholderAdvisor` unless the Job Profiling Advisor is
+asked for (``policy="jpa"``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
+from malleparsl.controller import CurveAdvisor, JobState
+from malleparsl.errors import SpecError
+from malleparsl.model import Allocation, JobSpec, ScalingCurve
+
+_SPEC_KEYS = ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s", "total_samples")
+
+
+class LinearPlaceholderAdvisor(CurveAdvisor):
+    """Plans with the job's own curve, or -- for a job without one -- ``rate(n) = n``.
+
+    A placeholder until the Job Profiling Advisor (:mod:`malleparsl.jpa`) learns curves online:
+    "linear from one node" gives every uncurved job the same, optimistic scaling, so the policy
+    spreads nodes evenly between such jobs and grows each to its maximum. Pass
+    ``advisor=JobProfilingAdvisor()`` to the executor to plan with measured rates instead.
+    """
+
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        out = []
+        for js in jobs:
+            spec = js.spec
+            curve = spec.curve or ScalingCurve(
+                tuple(range(1, spec.max_nodes + 1)),
+                tuple(float(n) for n in range(1, spec.max_nodes + 1)),
+                name=f"{spec.job_id}-linear-placeholder",
+            )
+            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
+        return out
+
+
+def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobSpec:
+    """Build the controller's :class:`JobSpec` from a job's malleable options dict.
+
+    ``job_id`` is generated when absent; ``curve`` is a list of ``[nodes, samples_per_s]``.
+    """
+    if not isinstance(options, Mapping):
+        raise SpecError(
+            f"malleable options must be a dict, got {type(options).__name__}; pass "
+            'resource_specification={"malleable": {"min_nodes": 1, "max_nodes": 4}}'
+        )
+    job_id = options.get("job_id") or f"job-{uuid.uuid4().hex[:10]}"
+    kw: dict[str, Any] = {k: options[k] for k in _SPEC_KEYS if options.get(k) is not None}
+    if "max_nodes" not in kw:
+        kw["max_nodes"] = max(1, int(kw.get("min_nodes", 1)))
+    curve = options.get("curve")
+    if curve is not None and not isinstance(curve, ScalingCurve):
+        try:
+            points = {int(n): float(r) for n, r in curve}
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"job {job_id!r}: curve must be a list of [nodes, samples_per_s] pairs, got "
+                f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
+            ) from None
+        curve = ScalingCurve.from_points(points, name=str(job_id))
+    return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
+
+
+def build_policy(
+    policy: str | AllocationPolicy, options: dict[str, Any], advisor: CurveAdvisor | None
+) -> tuple[AllocationPolicy, CurveAdvisor]:
+    """The policy and advisor to plan with; ``"jpa"`` pairs the probe-first policy with a JPA."""
+    if policy == "jpa":
+        from malleparsl.jpa import JobProfilingAdvisor
+
+        if not isinstance(advisor, JobProfilingAdvisor):
+            advisor = JobProfilingAdvisor()
+        return make_policy("jpa", advisor=advisor, **options), advisor
+    pol = make_policy(policy, **options) if isinstance(policy, str) else policy
+    return pol, advisor if advisor is not None else LinearPlaceholderAdvisor()

@@ -13,6 +13,7 @@ Also runnable as ``python -m malleparsl.allocator.bench``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import multiprocessing as mp
@@ -91,6 +92,36 @@ def make_instance(
     return ClusterSnapshot(now_s=0.0, nodes=nodes), views
 
 
+@functools.lru_cache(maxsize=2)
+def _fragment_lengths(path: str):
+    import pandas as pd
+
+    frag = pd.read_csv(path, usecols=["start_s", "end_s"])
+    return (frag["end_s"] - frag["start_s"]).to_numpy(dtype=float)
+
+
+def summit_residuals(n: int, rng: random.Random, path: str | None = None) -> list[float]:
+    """``n`` remaining idle times (s) of nodes seen idle at a random moment on Summit.
+
+    A node observed idle at a random time sits in a fragment chosen with probability
+    proportional to its length, at a uniform position in it (the inspection paradox).
+    """
+    import numpy as np
+
+    from malleparsl.data import data_dir
+
+    src = path or str(data_dir() / "summit-idle-2021" / "idle_fragments.csv.gz")
+    length = _fragment_lengths(src)
+    gen = np.random.default_rng(rng.randrange(2**32))
+    picked = gen.choice(length, size=n, p=length / length.sum())
+    return (picked * gen.random(n)).tolist()
+
+
+def _with_ends(snap: ClusterSnapshot, residuals: list[float]) -> ClusterSnapshot:
+    ends = {n: snap.now_s + r for n, r in zip(snap.nodes, residuals)}
+    return ClusterSnapshot(now_s=snap.now_s, nodes=snap.nodes, node_end_s=ends, tfwd_s=snap.tfwd_s)
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -150,6 +181,7 @@ def run_bench(
     node_max_binaries: int = 200_000,
     seed: int = 0,
     jobset: str = "imagenet",
+    ends: str = "none",
 ) -> list[BenchRow]:
     """Run the benchmark and return its rows (see the module docstring)."""
     from malleparsl.data import load_jobset
@@ -163,6 +195,10 @@ def run_bench(
             raise SpecError(f"size {size!r} is not JOBSxNODES (e.g. 20x128)") from None
         rng = random.Random(f"{seed}-{size}")
         insts = [make_instance(specs, n_jobs, n_nodes, rng) for _ in range(repeats)]
+        if ends == "summit":
+            insts = [(_with_ends(s, summit_residuals(n_nodes, rng)), j) for s, j in insts]
+        elif ends != "none":
+            raise SpecError(f"ends must be 'none' or 'summit', got {ends!r}")
         best = [best_count_objective(s, j)[0] for s, j in insts]
         size_rows = []
         for cell in cells.split(","):
@@ -287,6 +323,9 @@ def bench_allocator(
     time_limit_s: float = typer.Option(5.0, help="Solver time limit of the count MILPs."),
     node_time_limit_s: float = typer.Option(20.0, help="Solver time limit of milp-node."),
     node_repeats: int = typer.Option(1, help="Instances for milp-node above 64 nodes."),
+    ends: str = typer.Option(
+        "none", help="'summit': give nodes idle ends drawn from the Summit trace (milp-horizon)."
+    ),
     seed: int = typer.Option(0, help="Random seed of the instances."),
 ) -> None:
     """Latency (median, p95) and optimality gap of each allocation policy and solver."""
@@ -298,6 +337,7 @@ def bench_allocator(
         node_time_limit_s=node_time_limit_s,
         node_repeats=node_repeats,
         seed=seed,
+        ends=ends,
     )
     if json_out:
         for r in rows:

@@ -40,9 +40,9 @@ from malleparsl.model import NodeId
 __all__ = ["OptionTable", "build_options", "horizon_levels"]
 
 
-def horizon_levels(horizons: Mapping[NodeId, float], max_levels: int) -> np.ndarray:
+def horizon_levels(vals: np.ndarray, max_levels: int) -> np.ndarray:
     """Descending thresholds: the distinct horizons, or ``max_levels`` quantiles of them."""
-    vals = np.fromiter(horizons.values(), dtype=float, count=len(horizons))
+    vals = np.asarray(vals, dtype=float)
     if vals.size == 0:
         return np.zeros(1)
     distinct = np.unique(vals)[::-1]
@@ -85,12 +85,9 @@ class OptionTable:
 def _prune_nongrow(sizes: np.ndarray, vals: np.ndarray) -> np.ndarray:
     """Keep non-growing options not beaten by a smaller one (smaller releases a superset)."""
     order = np.argsort(sizes, kind="stable")
-    keep, best = [], -np.inf
-    for i in order:
-        if vals[i] > best:
-            keep.append(i)
-            best = vals[i]
-    return np.asarray(keep, dtype=np.int64)
+    v = vals[order]
+    before = np.maximum.accumulate(np.concatenate(([-np.inf], v[:-1])))  # best of the smaller sizes
+    return order[v > before]
 
 
 def build_options(
@@ -106,24 +103,21 @@ def build_options(
     Without ``horizon_aware`` every node's horizon is ``tfwd_s``: one level, BFTrainer's values.
     """
     tfwd = snapshot.tfwd_s
-    n_nodes = len(snapshot.nodes)
-    if not horizon_aware:
-        horizons = dict.fromkeys(snapshot.nodes, tfwd)
-    levels = horizon_levels(horizons, max_levels)
+    nodes = snapshot.nodes
+    n_nodes = len(nodes)
+    if horizon_aware:
+        hvals = np.fromiter((horizons[n] for n in nodes), dtype=float, count=n_nodes)
+    else:  # one level: every node lives tfwd_s, BFTrainer's planning window
+        hvals = np.full(n_nodes, tfwd)
+    levels = horizon_levels(hvals, max_levels)
     n_lev = levels.size
-    hvals = np.asarray([horizons[n] for n in snapshot.nodes], dtype=float)
-    node_lev = dict(zip(snapshot.nodes, np.searchsorted(-levels, -hvals, side="left").tolist()))
-    held = set().union(*(j.current for j in jobs)) if jobs else set()
-    free_per = np.bincount(
-        np.asarray([node_lev[n] for n in snapshot.nodes if n not in held], dtype=np.int64),
-        minlength=n_lev,
-    )
-    free = np.cumsum(free_per)
-    total_per = np.cumsum(
-        np.bincount(np.asarray(list(node_lev.values()), dtype=np.int64), minlength=n_lev)
-    )
-    if n_nodes == 0:
-        free, total_per = np.zeros(n_lev, dtype=np.int64), np.zeros(n_lev, dtype=np.int64)
+    lev_arr = np.searchsorted(-levels, -hvals, side="left").astype(np.int64)
+    index = {n: i for i, n in enumerate(nodes)}
+    held = np.zeros(n_nodes, dtype=bool)
+    for j in jobs:
+        held[[index[n] for n in j.current]] = True
+    free = np.cumsum(np.bincount(lev_arr[~held], minlength=n_lev))
+    total_per = np.cumsum(np.bincount(lev_arr, minlength=n_lev))
     parts: list[tuple[np.ndarray, ...]] = []
     for ji, j in enumerate(jobs):
         sizes = allowed_sizes(j, n_nodes)
@@ -132,9 +126,11 @@ def build_options(
         w, rc = j.spec.weight, rates[c]
         base = tfwd * rc
         # shrinking (or keeping): release the c-k shortest-lived nodes
-        cur = sorted(j.current, key=lambda n: (horizons[n], n))  # shortest first
-        cur_h = np.asarray([horizons[n] for n in cur], dtype=float)
-        cur_lev = np.asarray([node_lev[n] for n in cur], dtype=np.int64)
+        if horizon_aware:
+            cur = [index[n] for n in sorted(j.current, key=lambda n: (horizons[n], n))]
+            cur_h, cur_lev = hvals[cur], lev_arr[cur]  # shortest-lived first
+        else:
+            cur_h, cur_lev = np.full(c, tfwd), np.zeros(c, dtype=np.int64)
         ng = sizes[sizes <= c]
         h_rel = cur_h[np.maximum(c - ng - 1, 0)] if c else np.zeros(ng.size)
         ng_vals = np.where(

@@ -93,7 +93,7 @@ def _scalar_lambda(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarr
     evaluation use ``reduceat`` instead of sorting.
     """
     a, free = use[:, 0].astype(float), float(table.free[0])
-    starts = np.flatnonzero(np.r_[True, table.job[1:] != table.job[:-1]])
+    starts = np.flatnonzero(np.concatenate(([True], table.job[1:] != table.job[:-1])))
     lo, hi = 0.0, 1.0
     while _subgradient(table.value, a, starts, free, hi) < 0 and hi < 1e18:
         hi *= 4.0
@@ -114,7 +114,7 @@ def _subgradient(
     """``free - sum_j a`` of each job's best option at ``lam`` (ties: the smallest use)."""
     rho = value - lam * a
     best = np.maximum.reduceat(rho, starts)
-    counts = np.diff(np.r_[starts, rho.size])
+    counts = np.diff(np.append(starts, rho.size))
     at_best = rho >= np.repeat(best, counts) - 1e-9 * np.abs(np.repeat(best, counts))
     return free - float(np.minimum.reduceat(np.where(at_best, a, np.inf), starts).sum())
 
@@ -131,13 +131,13 @@ def _incumbent(table: OptionTable, use: np.ndarray, rho: np.ndarray, n_jobs: int
     first = np.ones(order.size, dtype=bool)
     first[1:] = table.job[order][1:] != table.job[order][:-1]
     pick = order[first]  # one row per job, in job order
+    # each job's best non-growing option: always feasible together (they only release nodes)
     nongrow = np.flatnonzero(table.level < 0)
+    by = nongrow[np.lexsort((-table.value[nongrow], table.job[nongrow]))]
+    head = np.concatenate(([True], table.job[by][1:] != table.job[by][:-1]))
     safe = np.full(n_jobs, -1)
-    sval = np.full(n_jobs, -np.inf)
-    for i in nongrow:  # each job's best non-growing option: always feasible together
-        j = table.job[i]
-        if table.value[i] > sval[j]:
-            safe[j], sval[j] = i, table.value[i]
+    safe[table.job[by[head]]] = by[head]
+    sval = table.value[safe]
     if not _fits(table, use, pick):
         for j in np.argsort(table.value[pick] - sval):  # drop the cheapest growth first
             pick[j] = safe[j]

@@ -63,3 +63,15 @@ def test_cli_json_output():
             "objective",
             "gap",
         } <= set(r)
+
+
+def test_summit_residual_ends_feed_milp_horizon():
+    import random
+
+    from malleparsl.allocator.bench import summit_residuals
+
+    res = summit_residuals(2000, random.Random(0))
+    assert min(res) >= 0 and max(res) > 3000  # length-biased: long fragments dominate
+    rows = run_bench(sizes="10x64", cells="milp-horizon:highs,milp:highs", repeats=2, ends="summit")
+    assert [r.status for r in rows] == ["ok", "ok"]
+    assert rows[1].gap < 1e-6  # plain milp still optimal for the published objective

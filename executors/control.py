@@ -181,6 +181,19 @@ class ControlLoop:
         self._queue.put(("submit", job))
         return job.future
 
+    def set_policy(
+        self,
+        policy: str | AllocationPolicy,
+        policy_options: Mapping[str, Any] | None = None,
+        advisor: CurveAdvisor | None = None,
+    ) -> None:
+        """Plan with another policy (and advisor) from the next event on; running jobs stay.
+
+        A new advisor is told about the jobs already admitted.
+        """
+        pol, adv = build_policy(policy, dict(policy_options or {}), advisor)
+        self._queue.put(("policy", pol, adv))
+
     def _on_node_event(self, event: str, node: NodeId) -> None:
         self._queue.put(("node", event, node))
 
@@ -240,6 +253,14 @@ class ControlLoop:
                 self._warm(node)
             elif event == "lost":
                 self._node_gone(node, now)
+            return True
+        if kind == "policy":
+            _, pol, adv = ev
+            self.controller.policy = pol
+            if adv is not self.controller.advisor:
+                self.controller.advisor = adv
+                for js in self.controller.active_jobs:
+                    adv.register(js.spec, now)
             return True
         return False  # "wake"
 

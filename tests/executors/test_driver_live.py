@@ -183,3 +183,27 @@ def test_apps_training_grows_under_parsl_and_matches_an_unrescaled_run(live, tmp
     want = [h["loss"] for h in ref["history"]]
     assert len(got) == len(want) == steps
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+
+
+@pytest.mark.parametrize("policy", ["milp", "jpa"])
+def test_registered_policies_drive_the_live_loop(live, policy):
+    """The executor's default MILP, and the JPA learning an uncurved job's scaling online: the
+    job starts (the JPA probes it at min_nodes), then grows onto every node once the policy
+    sees that more nodes pay off."""
+    from malleparsl.executors.bench_rescale import KeepAndFillPolicy
+
+    ex, src, store = live
+    exactly(ex, src, 3)
+    ex.control.set_policy(policy)
+    try:
+        fut, job = start_job(ex, f"policy-{policy}", max_nodes=3, steps=10**6, step_s=0.1,
+                             progress_every_s=0.2, finish_key=f"test/{policy}/finish")
+        wait_for(lambda: stepping(job, 3), 120, "the job to step on 3 nodes")
+        store.set(f"test/{policy}/finish", "1")
+        res = fut.result(timeout=60)
+        assert res["total"] == float(res["steps"]) and job.resolutions == 1
+        if policy == "jpa":
+            assert len(job.history[0]) == 1  # probed at min_nodes first
+            assert ex.control.controller.advisor.__class__.__name__ == "JobProfilingAdvisor"
+    finally:
+        ex.control.set_policy(KeepAndFillPolicy())

@@ -124,10 +124,14 @@ def simulate(
     ) as bar:
         for name in names:
             task = bar.add_task(name, total=1.0)
-            res = run_sim(
-                tr, specs, policy=name, options=opts,
-                progress=lambda f, task=task: bar.update(task, completed=f),
-            )
+            try:
+                res = run_sim(
+                    tr, specs, policy=name, options=opts,
+                    progress=lambda f, task=task: bar.update(task, completed=f),
+                )
+            except MalleparslError as exc:
+                console.print(f"[red]error:[/red] {name}: {exc}")
+                raise typer.Exit(2) from None
             results.append(res)
     rows = compare(results)
     if json_out:

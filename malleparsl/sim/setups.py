@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from malleparsl.allocator.base import AllocationPolicy, make_policy, policy_names
 from malleparsl.controller import CurveAdvisor
-from malleparsl.errors import unknown_name
+from malleparsl.errors import SpecError, unknown_name
 
 Setup = tuple[AllocationPolicy, "CurveAdvisor | None", bool]
 SetupFactory = Callable[..., Setup]
@@ -58,5 +58,11 @@ def make_setup(name: str, **options: object) -> Setup:
     if name in _SETUPS:
         return _SETUPS[name](**options)
     if name in policy_names():
-        return make_policy(name, **options), None, False
+        try:
+            return make_policy(name, **options), None, False
+        except TypeError as exc:  # a building block that needs options, not a standalone policy
+            raise SpecError(
+                f"policy {name!r} cannot be built from options {sorted(options)} ({exc}); "
+                f"use a setup that supplies them, one of: {', '.join(sorted(_SETUPS))}"
+            ) from exc
     raise unknown_name("policy", name, setup_names())

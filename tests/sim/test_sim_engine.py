@@ -7,7 +7,7 @@ import pytest
 
 from malleparsl.allocator.base import JobView
 from malleparsl.controller import CurveAdvisor
-from malleparsl.errors import UnknownNameError
+from malleparsl.errors import SpecError, UnknownNameError
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.sim.engine import SimOptions, simulate
 from malleparsl.sim.result import compare
@@ -71,17 +71,17 @@ def test_jobs_before_the_window_arrive_at_its_start_and_after_it_never():
 
 @pytest.fixture(scope="module")
 def workload():
-    frags = synthetic_fragments(n_nodes=24, duration_s=6 * 3600, seed=1)
-    trace = trace_from_fragments(frags, start_s=0, end_s=6 * 3600)
-    jobs = poisson_jobs(n_jobs=12, mean_interarrival_s=900, seed=2, max_nodes=8,
-                        hours_at_one_node=(0.5, 3))
+    frags = synthetic_fragments(n_nodes=16, duration_s=4 * 3600, seed=1)
+    trace = trace_from_fragments(frags, start_s=0, end_s=4 * 3600)
+    jobs = poisson_jobs(n_jobs=8, mean_interarrival_s=900, seed=2, max_nodes=8,
+                        hours_at_one_node=(0.5, 2))
     return trace, jobs
 
 
 def _standalone(name):
     try:
         make_setup(name)
-    except TypeError:  # a building block that needs options (e.g. the JPA's "jpa" wrapper)
+    except SpecError:  # a building block that needs options (e.g. the JPA's "jpa" wrapper)
         return False
     return True
 

@@ -114,3 +114,20 @@ def test_random_log_conserves_node_seconds_and_never_double_books():
     for spans in by_node.values():
         spans.sort()
         assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+
+
+THETA = __import__("malleparsl.data", fromlist=["data_dir"]).data_dir() / "theta-2023-swf"
+
+
+@pytest.mark.skipif(not THETA.is_dir(), reason="reference data not present")
+def test_theta_log_reschedules_with_its_wrinkles(caplog):
+    jobs, header = read_swf(THETA / "theta_2023.swf")
+    assert header["MaxNodes"] == "4360"
+    assert max(j.nodes for j in jobs) > 4360  # the log's oversized jobs are still read
+    with caplog.at_level("WARNING"):
+        t = load_trace(str(THETA / "theta_2023.swf"))
+    assert "clamped" in caplog.text
+    assert len(t.nodes) == 4360
+    busy = sum(min(j.nodes, 4360) * j.run_s for j in jobs)
+    assert t.idle_node_seconds() + busy == pytest.approx(4360 * t.duration_s)
+    assert 0 < t.mean_idle_nodes() < 4360

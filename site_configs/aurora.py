@@ -1,0 +1,84 @@
+"""ALCF Aurora (PBS Pro, 6 Intel Data Center GPU Max per node = 12 tiles).
+
+Facts used (ALCF user guide): PBS Pro with ``-A <project>`` and a mandatory
+``-l filesystems=...`` (``home:flare``), ``mpiexec`` as the launcher, the ``frameworks`` module
+for PyTorch with Intel GPU support, and Level Zero's ``ZE_AFFINITY_MASK`` to expose GPUs or
+tiles. **Uncertain**: we know of no documented preemptable queue on Aurora at the time of
+writing, so ``queue`` has no default: name a preemptable queue if the facility offers one,
+or a queue you may use with ``allow_nonpreemptible=True`` (then pilots are ordinary jobs and
+are not taken back by the scheduler).
+
+One rank runs per node and sees all 12 tiles; ``ctx.device`` picks the first accelerator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from malleparsl.site_configs.common import (
+    check_account,
+    check_positive,
+    check_walltime,
+    facility_config,
+    gpu_env,
+)
+from parsl.config import Config
+from parsl.launchers import MpiExecLauncher
+
+from malleparsl.errors import SpecError
+from malleparsl.scavenger.pbs import PBSScavenger, ScavengingPBSProProvider
+from malleparsl.scavenger.shell import Runner
+
+DEFAULT_WORKER_INIT = (
+    "module load frameworks; source ~/malleparsl-env/bin/activate  # YOUR environment"
+)
+TILES_PER_NODE = 12
+
+
+def aurora_config(
+    *,
+    account: str,
+    queue: str,
+    node_cap: int = 8,
+    walltime: str = "01:00:00",
+    worker_init: str = DEFAULT_WORKER_INIT,
+    tiles_per_node: int = TILES_PER_NODE,
+    filesystems: str = "home:flare",
+    query_period_s: float = 60.0,
+    allow_nonpreemptible: bool = False,
+    run: Runner | None = None,
+    run_dir: str | None = None,
+    **executor_options: Any,
+) -> Config:
+    """A Parsl ``Config`` for malleable training on Aurora nodes.
+
+    Parameters
+    ----------
+    account : your ALCF project (``#PBS -A``).
+    queue : where pilots go; see the module note on preemptable queues.
+    node_cap, walltime, worker_init, filesystems, query_period_s, run, **executor_options :
+        as for :func:`~malleparsl.site_configs.polaris.polaris_config`.
+    tiles_per_node : GPU tiles exposed to the node's rank (``ZE_AFFINITY_MASK=0,...,11``).
+    """
+    check_account(account)
+    if not isinstance(queue, str) or not queue:
+        raise SpecError(f"queue must name a PBS queue, got {queue!r}")
+    check_positive("node_cap", node_cap)
+    check_positive("tiles_per_node", tiles_per_node)
+    check_walltime(walltime)
+    provider = ScavengingPBSProProvider(
+        queue=queue,
+        account=account,
+        node_cap=node_cap,
+        walltime=walltime,
+        cpus_per_node=208,
+        scheduler_options=f"#PBS -l filesystems={filesystems}",
+        worker_init=f"{worker_init}\n{gpu_env('ZE_AFFINITY_MASK', tiles_per_node)}",
+        launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides="--depth=208 --ppn 1"),
+        allow_nonpreemptible=allow_nonpreemptible,
+        run=run,
+    )
+    source = PBSScavenger(provider=provider, query_period_s=query_period_s)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
+
+

@@ -1,0 +1,105 @@
+"""What every facility config shares: argument checks and the executor they all build.
+
+One source of truth: each facility module only states its facts (scheduler, queue or QOS,
+GPUs, filesystems, launcher) and calls :func:`facility_config`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from malleparsl.executors.executor import MalleableExecutor
+from parsl.config import Config
+
+from malleparsl.errors import SpecError
+from malleparsl.model import NodeId
+
+_WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
+
+
+def check_walltime(walltime: str) -> str:
+    """``HH:MM:SS`` (hours may exceed 24); anything else gets an error with an example."""
+    if not isinstance(walltime, str) or not _WALLTIME.match(walltime) or walltime == "00:00:00":
+        raise SpecError(
+            f"walltime must be HH:MM:SS and longer than zero, got {walltime!r}; e.g. '01:00:00'"
+        )
+    return walltime
+
+
+def check_positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_account(account: Any) -> str:
+    if not isinstance(account, str) or not account.strip():
+        raise SpecError(f"account must name your allocation (project), got {account!r}")
+    return account
+
+
+def gpu_env(var: str, gpus: int) -> str:
+    """The shell line exposing all of a node's GPUs to its one rank (one rank per node)."""
+    return f"export {var}={','.join(str(i) for i in range(gpus))}"
+
+
+def facility_config(
+    *,
+    provider: Any,
+    node_source: Any,
+    run_dir: str | None = None,
+    label: str = "malleable",
+    **executor_options: Any,
+) -> Config:
+    """A ``Config`` with one :class:`MalleableExecutor` fed by a scavenger.
+
+    Defaults that matter at a facility: one worker per node (ranks are one per node), CurveZMQ
+    encryption on (the interchange listens on the login node), 2 s heartbeats with a 10 s
+    threshold (a silently dead node is noticed in ~10 s), and no Parsl block strategy (the
+    controller decides the node count).
+    """
+    options: dict[str, Any] = {
+        "label": label,
+        "provider": provider,
+        "node_source": node_source,
+        "max_workers_per_node": 1,
+        "encrypted": True,
+        "heartbeat_period": 2,
+        "heartbeat_threshold": 10,
+    }
+    options.update(executor_options)
+    extra: dict[str, Any] = {"run_dir": run_dir} if run_dir is not None else {}
+    return Config(executors=[MalleableExecutor(**options)], strategy="none", **extra)
+
+
+def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
+    """Submit one pilot through the config's provider and return the batch script it wrote.
+
+    The launch command is composed exactly as HTEX composes it when it starts (with a
+    placeholder worker port); the provider's scheduler commands go through its ``run``
+    function, so with a recording fake (as in the tests) nothing reaches a scheduler.
+    """
+    import os
+    import tempfile
+
+    ex = config.executors[0]
+    ex.run_dir = tempfile.mkdtemp(prefix="malleparsl-render-")
+    ex.provider.script_dir = os.path.join(ex.run_dir, "submit_scripts")
+    os.makedirs(ex.provider.script_dir, exist_ok=True)
+    if ex.worker_port is None:
+        ex.worker_port = 54000  # what the interchange would hand out when started
+    if not hasattr(ex, "logconf_path"):
+        ex.logconf_path = None  # set by HTEX's start(); no logging config is shipped here
+    ex.initialize_scaling()
+    job_name = "parsl.malleable.block-0"
+    ex.provider.submit_to_node(ex._get_launch_command("0"), 1, job_name, node=node)
+    # providers append a timestamp to the job name; the script is the file without a suffix
+    scripts = sorted(
+        f for f in os.listdir(ex.provider.script_dir)
+        if f.startswith(job_name) and not f.endswith((".stdout", ".stderr"))
+    )
+    if not scripts:
+        raise FileNotFoundError(f"the provider wrote no batch script for {job_name!r}")
+    with open(os.path.join(ex.provider.script_dir, scripts[-1])) as fh:
+        return fh.read()

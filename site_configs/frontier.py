@@ -1,0 +1,79 @@
+"""OLCF Frontier (Slurm, 4 AMD MI250X per node = 8 GCDs).
+
+Facts used (OLCF user guide): Slurm with ``-A <project>``, the ``batch`` partition, 8 GCDs per
+node exposed through ``ROCR_VISIBLE_DEVICES``, ``srun`` as the launcher, PyTorch on ROCm (RCCL
+behind the ``nccl`` backend). **Uncertain**: we know of no documented preemptible partition or
+QOS open to all Frontier users at the time of writing; pass one with ``qos=`` if your
+allocation has it. Otherwise pilots in ``batch`` are ordinary jobs: that needs
+``allow_nonpreemptible=True`` and the jobs are not taken back by the scheduler.
+
+One rank runs per node and sees all 8 GCDs; ``ctx.device`` is the first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from malleparsl.site_configs.common import (
+    check_account,
+    check_positive,
+    check_walltime,
+    facility_config,
+    gpu_env,
+)
+from parsl.config import Config
+from parsl.launchers import SrunLauncher
+
+from malleparsl.scavenger.shell import Runner
+from malleparsl.scavenger.slurm import SlurmScavenger
+from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
+
+DEFAULT_WORKER_INIT = (
+    "module load PrgEnv-gnu rocm; source ~/malleparsl-env/bin/activate  # YOUR environment"
+)
+GCDS_PER_NODE = 8
+
+
+def frontier_config(
+    *,
+    account: str,
+    partition: str | None = "batch",
+    qos: str | None = None,
+    node_cap: int = 16,
+    walltime: str = "01:00:00",
+    worker_init: str = DEFAULT_WORKER_INIT,
+    gcds_per_node: int = GCDS_PER_NODE,
+    query_period_s: float = 60.0,
+    allow_nonpreemptible: bool = False,
+    run: Runner | None = None,
+    run_dir: str | None = None,
+    **executor_options: Any,
+) -> Config:
+    """A Parsl ``Config`` for malleable training on Frontier nodes.
+
+    Parameters
+    ----------
+    account : the OLCF project (``--account``), e.g. ``"abc123"``.
+    partition, qos : where pilots go; see the module note on preemption.
+    gcds_per_node : GCDs exposed to the node's rank (``ROCR_VISIBLE_DEVICES``).
+    node_cap, walltime, worker_init, query_period_s, run, **executor_options : as for
+        :func:`~malleparsl.site_configs.slurm_scavenger.slurm_scavenger_config`.
+    """
+    check_account(account)
+    check_positive("node_cap", node_cap)
+    check_positive("gcds_per_node", gcds_per_node)
+    check_walltime(walltime)
+    provider = ScavengingSlurmProvider(
+        partition=partition,
+        qos=qos,
+        account=account,
+        node_cap=node_cap,
+        walltime=walltime,
+        scheduler_options=f"#SBATCH --gpus-per-node={gcds_per_node}",
+        worker_init=f"{worker_init}\n{gpu_env('ROCR_VISIBLE_DEVICES', gcds_per_node)}",
+        allow_nonpreemptible=allow_nonpreemptible,
+        launcher=SrunLauncher(overrides="--ntasks-per-node=1"),
+        run=run,
+    )
+    source = SlurmScavenger(provider=provider, query_period_s=query_period_s)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)

@@ -1,0 +1,87 @@
+"""ALCF Polaris (PBS Pro, 4 NVIDIA A100 per node): scavenge through the ``preemptable`` queue.
+
+Facts used (ALCF user guide; check the current queue limits before large runs): PBS Pro with
+``-A <project>``, a mandatory ``-l filesystems=...`` resource, 64 CPU cores and 4 A100 GPUs per
+node, ``mpiexec`` (Cray PALS) as the launcher, and a ``preemptable`` queue whose jobs the
+``demand`` queue may preempt. The per-job node limit of ``preemptable`` (10 nodes when this was
+written) does not bind us — every pilot is one node — but the per-user job limit does: keep
+``node_cap`` at or under it.
+
+One rank runs per node and sees all four GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3``); the
+training function's ``ctx.device`` is ``cuda:0``. Running one rank per GPU is future work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from malleparsl.site_configs.common import (
+    check_account,
+    check_positive,
+    check_walltime,
+    facility_config,
+    gpu_env,
+)
+from parsl.config import Config
+from parsl.launchers import MpiExecLauncher
+
+from malleparsl.scavenger.pbs import PBSScavenger, ScavengingPBSProProvider
+from malleparsl.scavenger.shell import Runner
+
+DEFAULT_WORKER_INIT = (
+    "module use /soft/modulefiles; module load conda; conda activate base; "
+    "source ~/malleparsl-env/bin/activate  # YOUR environment with malleparsl installed"
+)
+
+
+def polaris_config(
+    *,
+    account: str,
+    queue: str = "preemptable",
+    node_cap: int = 10,
+    walltime: str = "01:00:00",
+    worker_init: str = DEFAULT_WORKER_INIT,
+    gpus_per_node: int = 4,
+    filesystems: str = "home:eagle",
+    query_period_s: float = 60.0,
+    allow_nonpreemptible: bool = False,
+    run: Runner | None = None,
+    run_dir: str | None = None,
+    **executor_options: Any,
+) -> Config:
+    """A Parsl ``Config`` scavenging Polaris nodes for malleable training.
+
+    Parameters
+    ----------
+    account : your ALCF project (``#PBS -A``); ``"YOUR_PROJECT"`` in templates.
+    queue : ``preemptable`` to scavenge; another queue needs ``allow_nonpreemptible=True``.
+    node_cap : most one-node pilots held at once (stay within the queue's per-user job limit).
+    walltime : per pilot, ``HH:MM:SS``; a pilot that ends is just a lost node.
+    worker_init : shell lines that activate an environment with malleparsl installed.
+    gpus_per_node : GPUs requested per node (``ngpus``) and exposed to the rank.
+    filesystems : the mandatory ``-l filesystems=`` value (e.g. ``home:eagle:grand``).
+    query_period_s : least time between ``pbsnodes``/``qstat`` queries (be polite: >= 30 s).
+    run : runner for PBS commands (tests pass a recording fake).
+    **executor_options : more :class:`MalleableExecutor` arguments (``policy``, ``ckpt_root`` on
+        a shared filesystem, ...).
+    """
+    check_account(account)
+    check_positive("node_cap", node_cap)
+    check_positive("gpus_per_node", gpus_per_node)
+    check_walltime(walltime)
+    provider = ScavengingPBSProProvider(
+        queue=queue,
+        account=account,
+        node_cap=node_cap,
+        walltime=walltime,
+        cpus_per_node=64,
+        select_options=f"ngpus={gpus_per_node}",
+        scheduler_options=f"#PBS -l filesystems={filesystems}",
+        worker_init=f"{worker_init}\n{gpu_env('CUDA_VISIBLE_DEVICES', gpus_per_node)}",
+        # one manager per pilot node, bound to the node's 64 cores
+        launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides="--depth=64 --ppn 1"),
+        allow_nonpreemptible=allow_nonpreemptible,
+        run=run,
+    )
+    source = PBSScavenger(provider=provider, query_period_s=query_period_s)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)

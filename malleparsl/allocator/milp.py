@@ -74,7 +74,8 @@ class MilpPolicy(AllocationPolicy):
         Remove options the LP relaxation proves cannot be optimal before the MILP
         (:mod:`~malleparsl.allocator.reduction`; exact, and much faster at scale).
     threads
-        Solver threads (``None``: the solver's default).
+        Solver threads (``None``: the solver's default). One by default: these models are
+        small, and on a shared node extra solver threads mostly wait for a core.
     """
 
     def __init__(
@@ -88,7 +89,7 @@ class MilpPolicy(AllocationPolicy):
         horizon_cap_s: float | None = None,
         max_levels: int = 8,
         reduce: bool = True,
-        threads: int | None = None,
+        threads: int | None = 1,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if isinstance(max_levels, bool) or not isinstance(max_levels, int) or max_levels < 1:

@@ -62,7 +62,8 @@ class MilpNodePolicy(AllocationPolicy):
     mip_gap
         Relative optimality gap at which the solver may stop.
     threads
-        Solver threads (``None``: the solver's default).
+        Solver threads (``None``: the solver's default). One by default: these models are
+        small, and on a shared node extra solver threads mostly wait for a core.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class MilpNodePolicy(AllocationPolicy):
         solver: str = "highs",
         time_limit_s: float = 60.0,
         mip_gap: float = 1e-6,
-        threads: int | None = None,
+        threads: int | None = 1,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         self.solver = solver

@@ -51,6 +51,7 @@ def _lp_duals(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarray | 
     n_opt, n_lev = use.shape
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = n_opt, n_jobs + n_lev
     lp.sense_ = highspy.ObjSense.kMaximize

@@ -126,7 +126,7 @@ def simulate(
             task = bar.add_task(name, total=1.0)
             try:
                 res = run_sim(
-                    tr, specs, policy=name, options=opts,
+                    tr, specs, policy=name, options=opts, history=full,
                     progress=lambda f, task=task: bar.update(task, completed=f),
                 )
             except MalleparslError as exc:

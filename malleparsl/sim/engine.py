@@ -87,8 +87,13 @@ def simulate(
     options: SimOptions | None = None,
     policy_options: dict | None = None,
     progress: Callable[[float], None] | None = None,
+    history: IdleTrace | None = None,
 ) -> SimResult:
     """Replay ``trace`` with ``jobs`` under the named policy (setup); returns what it measured.
+
+    ``history``, a trace covering time before the window (e.g. the full trace), pre-trains the
+    horizon estimate with the fragments that ended before the window starts — what a facility
+    knows from its past — so it does not start from a prior.
 
     >>> from malleparsl.traces import trace_from_fragments
     >>> from malleparsl.model import JobSpec, ScalingCurve
@@ -102,6 +107,10 @@ def simulate(
     pol, advisor, hide = make_setup(policy, **(policy_options or {}))
     free_costs = bool(getattr(pol, "ignores_costs", False))
     horizon = FragmentHorizon() if opts.horizon else None
+    if horizon is not None and history is not None:
+        h = history.fragments
+        past = h[h["end_s"] <= trace.start_s]
+        horizon.record_many((past["end_s"] - past["start_s"]).to_numpy())
     ctl = Controller(
         policy=pol,
         advisor=advisor or KnownCurves(),

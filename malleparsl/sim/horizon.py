@@ -69,6 +69,18 @@ class FragmentHorizon(HorizonEstimator):
         self._n += 1
         self._suffix = None
 
+    def record_many(self, lengths_s: np.ndarray) -> None:
+        """Many ended fragments at once (a facility's history before the replay starts)."""
+        x = np.asarray(lengths_s, dtype=float)
+        x = x[x > 0]
+        if not len(x):
+            return
+        b = np.searchsorted(self._EDGES, x, side="right")
+        self._count += np.bincount(b, minlength=len(self._count))
+        self._sum += np.bincount(b, weights=x, minlength=len(self._sum))
+        self._n += len(x)
+        self._suffix = None
+
     @property
     def samples(self) -> int:
         return self._n

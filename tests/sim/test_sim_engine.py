@@ -176,3 +176,23 @@ def test_known_ends_reach_the_policy():
     simulate(trace, [job("a")], policy="_test-probe", options=SimOptions(reveal_ends=0.0))
     # unknown ends are estimated (the prior before any fragment has ended), never missing
     assert set(seen[1]) == {"n1", "n2"} and all(e > 10 for e in seen[1].values())
+
+
+def test_history_before_the_window_informs_the_first_estimates():
+    seen = []
+    base = make_setup("upper-bound")[0]
+
+    class Probe(type(base)):
+        def allocate(self, snapshot, jobs):
+            seen.append(dict(snapshot.node_end_s))
+            return super().allocate(snapshot, jobs)
+
+    register_setup("_test-probe2", lambda: (Probe(), None, False))
+    past = [(f"h{i}", i * 10.0, i * 10.0 + 2000.0) for i in range(40)]
+    full = trace_from_fragments(past + [("n1", 5000, 6000)], start_s=0, end_s=6000)
+    window = full.window(5000, 6000)
+    simulate(window, [job("a", submit=5000)], policy="_test-probe2")
+    assert seen[0]["n1"] == pytest.approx(5000 + 600)  # no history: the prior
+    seen.clear()
+    simulate(window, [job("a", submit=5000)], policy="_test-probe2", history=full)
+    assert seen[0]["n1"] == pytest.approx(5000 + 2000, rel=0.03)  # E[L] of the past fragments

@@ -52,3 +52,14 @@ def test_horizon_fills_controller_snapshots_and_keeps_known_ends():
     snap = c.snapshot(400)
     assert snap.node_end_s["a"] == 50.0
     assert snap.node_end_s["b"] == pytest.approx(400 + 300, rel=0.03)
+
+
+def test_history_pretrains_the_horizon_like_one_record_per_fragment():
+    lengths = np.array([50.0, 120.0, 120.0, 4000.0, 9e5])
+    a, b = FragmentHorizon(min_samples=1), FragmentHorizon(min_samples=1)
+    a.record_many(lengths)
+    for x in lengths:
+        b.record(x)
+    ages = np.array([0.0, 100.0, 3000.0])
+    assert a.samples == b.samples == 5
+    assert a.remaining(ages) == pytest.approx(b.remaining(ages))

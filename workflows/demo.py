@@ -47,6 +47,7 @@ class DemoSettings:
     seed: int = 0
     timeout_s: float = 600.0
     final_top_k: int = 2
+    step_delay_s: float = 0.0  # seconds added to every training step (emulates a bigger model)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.max_nodes < 1:
@@ -168,7 +169,8 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
                                 max_nodes=s.max_nodes, ckpt_root=out / "ckpt",
                                 samples_per_unit=n_train, malleable=not s.plain,
                                 options={"torch_threads": 1, "ckpt_interval_s": 5,
-                                         "progress_interval_s": 0.5, "pg_timeout_s": 60})
+                                         "progress_interval_s": 0.5, "pg_timeout_s": 60,
+                                         "step_delay_s": s.step_delay_s})
         title = f"malleparsl demo: {'NAS' if s.nas else 'HPO'} on digits, {mode}"
         with ProgressView(recorder=rec, runner=runner, n_trials=s.n_trials + s.final_top_k,
                           title=title, console=console):

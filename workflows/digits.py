@@ -16,6 +16,7 @@ import functools
 import math
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,7 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
     ctx.register(model=model, optimizer=opt)
     loss = math.nan
     batch = int(config.get("batch_size", 64))
+    delay = float(ctx.options.get("step_delay_s", 0.0))  # emulate a heavier model (tests, demos)
     for step in ctx.steps(total_steps(config, len(Xtr)), global_batch=batch,
                           dataset_size=len(Xtr)):
         opt.zero_grad()
@@ -111,6 +113,8 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
         loss = step.sync(model)
         opt.step()
         ctx.report(loss=loss)
+        if delay:
+            time.sleep(delay)
     ctx.save()  # the end of a rung: a promoted trial resumes from here
     if math.isnan(loss) and ctx.history:  # resumed at the end: the loop had nothing left to do
         loss = float(ctx.history[-1].get("loss", math.nan))

@@ -102,6 +102,11 @@ def measure_noop(kind: str, *, nodes: int, tasks: int, warmup: int, timeout_s: f
         app = parsl.python_app(noop, executors=["bench"])
         for f in [app() for _ in range(warmup)]:
             f.result(timeout=timeout_s)
+        # the control loop's node warm-up tasks (an import of torch.distributed) must not
+        # share the timed window: wait until the executor holds no task at all
+        deadline = time.monotonic() + timeout_s
+        while ex.outstanding() and time.monotonic() < deadline:
+            time.sleep(0.05)
         t0 = time.perf_counter()
         futs = [app() for _ in range(tasks)]
         for f in futs:

@@ -177,10 +177,14 @@ class MalleableExecutor(HighThroughputExecutor):
         self._monitor_stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=5)
-        live = [r for r in self.node_table.alive()]
+        live = self.node_table.alive()
         for rec in live:
             self.node_table.gone(rec.name, "executor shut down")
-        self._cancel_blocks([r.block_id for r in live])
+        # Parsl's DFK may have scaled the blocks in already; cancel only what still runs.
+        self._cancel_blocks([
+            r.block_id for r in live
+            if not (r.block_id in self._status and self._status[r.block_id].terminal)
+        ])
         super().shutdown(timeout=timeout)
 
     # ---- nodes --------------------------------------------------------------------------
@@ -255,11 +259,10 @@ class MalleableExecutor(HighThroughputExecutor):
     def add_node_listener(self, cb: Listener) -> None:
         """Call ``cb(event, node)`` with ``event`` in {"ready", "lost"}, from one thread.
 
-        Nodes already ready are reported to a new listener at once.
+        Only events after the call are reported; ask :meth:`ready_nodes` for the nodes that
+        are ready already (a node may then be reported twice, which listeners must tolerate).
         """
         self._listeners.append(cb)
-        for n in sorted(self.node_table.ready()):
-            self._events.put(("ready", n))  # fine: duplicates are harmless to the controller
 
     def wait_for_nodes(self, n: int, timeout_s: float = 60.0) -> set[NodeId]:
         """Block until at least ``n`` nodes are ready; raise ``TimeoutError`` otherwise."""

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 HEARTBEAT_THRESHOLD = 3
 
 
-def start_executor(run_dir: str, *, nodes: int, **options):
+def start_executor(run_dir: str, *, nodes: int, listener=None, **options):
     """Start the executor of ``local_config`` the way Parsl's DataFlowKernel does."""
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     cfg = local_config(nodes=nodes, run_dir=run_dir, **options)
@@ -33,6 +33,8 @@ def start_executor(run_dir: str, *, nodes: int, **options):
     ex.run_dir, ex.run_id, ex.log_config, ex.monitoring_messages = run_dir, "test", None, None
     ex.provider.script_dir = os.path.join(run_dir, "submit_scripts")
     os.makedirs(ex.provider.script_dir, exist_ok=True)
+    if listener is not None:
+        ex.add_node_listener(listener)
     ex.start()
     return ex
 
@@ -55,12 +57,12 @@ class Events:
 @pytest.fixture(scope="module")
 def ex(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("malleable-live"))
+    events = Events()
     ex = start_executor(
-        run_dir, nodes=3, malleable=False, heartbeat_period=1,
+        run_dir, nodes=3, listener=events, malleable=False, heartbeat_period=1,
         heartbeat_threshold=HEARTBEAT_THRESHOLD,
     )
-    ex.events = Events()
-    ex.add_node_listener(ex.events)
+    ex.events = events
     try:
         ex.wait_for_nodes(3, timeout_s=180)
         yield ex

@@ -61,6 +61,9 @@ def simulate(
     reveal_ends: float = typer.Option(
         0.0, help="Fraction of idle fragments whose end is announced (a scheduler's plan)."
     ),
+    horizon_quantile: float | None = typer.Option(
+        None, help="Plan with this quantile of a node's remaining idle time (default: mean)."
+    ),
     machine_nodes: int | None = typer.Option(
         None, help="Machine size for an SWF log (default: its MaxNodes header)."
     ),
@@ -107,7 +110,7 @@ def simulate(
         tr = full.window(t0, t1)
         opts = SimOptions(
             max_active=max_active or None, tfwd_s=tfwd, noise=noise, reveal_ends=reveal_ends,
-            seed=seed,
+            seed=seed, horizon_quantile=horizon_quantile,
         )
     except (MalleparslError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")

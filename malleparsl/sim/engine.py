@@ -47,6 +47,7 @@ class SimOptions:
     max_active: int | None = 10  # concurrent-job cap (None: no cap)
     tfwd_s: float = 10.0  # BFTrainer's expected time to the next event
     horizon: bool = True  # estimate node idle ends for horizon-aware policies
+    horizon_quantile: float | None = None  # None: mean remaining idle time; else a quantile
     reveal_ends: float = 0.0  # fraction of fragments whose end is announced at their start
     noise: float = 0.03  # relative noise of the rates measured for a hidden-curve advisor
     warmup_s: float = 60.0  # training time at a size before its rate is measured
@@ -106,7 +107,7 @@ def simulate(
     t_wall = time.perf_counter()
     pol, advisor, hide = make_setup(policy, **(policy_options or {}))
     free_costs = bool(getattr(pol, "ignores_costs", False))
-    horizon = FragmentHorizon() if opts.horizon else None
+    horizon = FragmentHorizon(quantile=opts.horizon_quantile) if opts.horizon else None
     if horizon is not None and history is not None:
         h = history.fragments
         past = h[h["end_s"] <= trace.start_s]

@@ -31,6 +31,10 @@ class FragmentHorizon(HorizonEstimator):
         Fragments to see before trusting the histogram.
     min_remaining_s
         Floor of every estimate (a node is never expected to vanish instantly).
+    quantile
+        ``None`` estimates the mean remaining time; a number in (0, 1) that quantile of it
+        (0.5: the median). Gaps are heavy-tailed, so the mean is dominated by rare long gaps
+        while a plan that grows a job onto k nodes lasts until the *first* of them leaves.
 
     >>> h = FragmentHorizon(min_samples=1)
     >>> for length in (100, 200, 300, 400):
@@ -43,8 +47,16 @@ class FragmentHorizon(HorizonEstimator):
     _EDGES = np.logspace(0, 7.5, 301)  # 1 s .. ~370 days, 2.9 % per bin
 
     def __init__(
-        self, *, prior_s: float = 600.0, min_samples: int = 20, min_remaining_s: float = 10.0
+        self,
+        *,
+        prior_s: float = 600.0,
+        min_samples: int = 20,
+        min_remaining_s: float = 10.0,
+        quantile: float | None = None,
     ) -> None:
+        if quantile is not None and not 0 < quantile < 1:
+            raise SpecError(f"quantile must be in (0, 1) or None (the mean), got {quantile!r}")
+        self.quantile = quantile
         if not (prior_s > 0 and min_remaining_s > 0 and min_samples >= 1):
             raise SpecError(
                 f"need prior_s > 0, min_remaining_s > 0, min_samples >= 1; got {prior_s!r}, "
@@ -99,8 +111,15 @@ class FragmentHorizon(HorizonEstimator):
         b = np.searchsorted(self._EDGES, np.maximum(ages, 0.0), side="right") + 1
         b = np.minimum(b, len(c) - 1)
         cnt, tot = c[b], s[b]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rem = np.where(cnt > 0, tot / np.maximum(cnt, 1) - ages, ages)
+        if self.quantile is None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rem = np.where(cnt > 0, tot / np.maximum(cnt, 1) - ages, ages)
+        else:
+            # first bin m >= b holding the q-quantile of the survivors' lengths
+            i = np.searchsorted(-c, -(1.0 - self.quantile) * cnt, side="left")
+            m = np.clip(i - 1, 0, len(c) - 1)
+            mean_in_bin = self._sum[m] / np.maximum(self._count[m], 1)  # the bin's own mean
+            rem = np.where(cnt > 0, mean_in_bin - ages, ages)
         # older than anything seen: heavy tails say it lasts about as long again
         return np.maximum(rem, self.min_remaining_s)
 

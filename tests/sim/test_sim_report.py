@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from malleparsl.controller import Controller
+from malleparsl.errors import SpecError
 from malleparsl.report import binned_mean, plot_nodes_per_job, table_markdown
 from malleparsl.sim.horizon import FragmentHorizon
 from malleparsl.sim.setups import make_setup
@@ -63,3 +64,14 @@ def test_history_pretrains_the_horizon_like_one_record_per_fragment():
     ages = np.array([0.0, 100.0, 3000.0])
     assert a.samples == b.samples == 5
     assert a.remaining(ages) == pytest.approx(b.remaining(ages))
+
+
+def test_horizon_quantiles_of_the_remaining_time():
+    h = FragmentHorizon(min_samples=1, quantile=0.25)
+    h.record_many(np.array([100.0] * 50 + [1000.0] * 50))
+    assert h.remaining(np.array([0.0]))[0] == pytest.approx(100, rel=0.03)
+    assert h.remaining(np.array([500.0]))[0] == pytest.approx(500, rel=0.03)
+    h.quantile = 0.75
+    assert h.remaining(np.array([0.0]))[0] == pytest.approx(1000, rel=0.03)
+    with pytest.raises(SpecError, match="quantile"):
+        FragmentHorizon(quantile=1.5)

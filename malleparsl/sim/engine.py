@@ -137,7 +137,7 @@ def simulate(
     fin: list[tuple[float, int, str]] = []
     running: set[str] = set()
 
-    ev_rows: list[tuple] = []
+    ev_rows: list[list] = []
     size_rows: list[tuple] = []
     solve: list[float] = []
     totals = dict(used=0.0, rescales=0, pause=0.0, ppause=0.0, pcost=0.0, preempt=0, replans=0)
@@ -149,14 +149,18 @@ def simulate(
         dt = t - now
         if dt <= 0:
             return
-        used = 0
+        used, gained = 0, 0.0
         for jid in running:
             r = runs[jid]
             used += r.size
             eff = t - max(now, r.pause_until)
             if eff > 0:
+                before = r.done
                 r.done = min(r.spec.total_samples, r.done + r.rate * eff)
+                gained += r.done - before
         totals["used"] += used * dt
+        if ev_rows:  # the previous event's row: mean throughput until this event
+            ev_rows[-1][5] = gained / dt
 
     def schedule_finish(r: _Run, t: float) -> None:
         r.version += 1
@@ -269,11 +273,10 @@ def simulate(
             n_changed = len(changed)
         if must_replan:
             n_act = len(ctl.active_jobs)
-        ev_rows.append((
+        ev_rows.append([
             now, len(ctl.nodes), sum(runs[j].size for j in running), n_act, ji - n_done - n_act,
-            sum(runs[j].rate for j in running if runs[j].pause_until <= now),
-            solve_ms, n_changed,
-        ))
+            0.0, solve_ms, n_changed,
+        ])
         if progress is not None and n_ev % 200 == 0:
             progress((now - t0) / (t1 - t0))
     if progress is not None:

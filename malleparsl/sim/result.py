@@ -1,7 +1,8 @@
 """What a simulation run measured: the summary figures, the per-event log, the per-job table.
 
 Kept apart from the engine so that reports, the CLI and tests read results without running
-anything. ``summary()`` gives the figures of the comparison table; ``pct_of_upper_bound`` is
+anything. In the per-event log, ``samples_per_s`` is the mean throughput from that event to the
+next (pauses included), so the log integrates exactly to the samples trained. ``summary()`` gives the figures of the comparison table; ``pct_of_upper_bound`` is
 filled in by :func:`compare` once the ``upper-bound`` run of the same trace is known.
 """
 

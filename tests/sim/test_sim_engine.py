@@ -196,3 +196,11 @@ def test_history_before_the_window_informs_the_first_estimates():
     seen.clear()
     simulate(window, [job("a", submit=5000)], policy="_test-probe2", history=full)
     assert seen[0]["n1"] == pytest.approx(5000 + 2000, rel=0.03)  # E[L] of the past fragments
+
+
+def test_event_log_integrates_to_the_samples_trained(workload):
+    trace, jobs = workload
+    r = simulate(trace, jobs, policy="greedy")
+    t = np.r_[r.events["time_s"].to_numpy(), r.end_s]
+    area = float((np.diff(t) * r.events["samples_per_s"].to_numpy()).sum())
+    assert area == pytest.approx(r.samples, rel=1e-9)

@@ -113,16 +113,18 @@ def make_source(s: DemoSettings) -> tuple[Any, dict[str, Any]]:
     """The Summit slice (``nodes`` nodes, a window of churn) replayed at ``speed``."""
     from malleparsl.traces import load_trace
 
-    from .replay import TraceReplay, compress, pick_slice
+    from .replay import demo_source, pick_slice
 
     window = s.speed * s.expected_wall_s
     trace = load_trace("summit")
     sl = pick_slice(trace, nodes=s.nodes, window_s=window, speed=s.speed, seed=s.seed)
-    frags = compress(sl, speed=s.speed)
+    src = demo_source(sl, speed=s.speed)
+    frags = src.trace.fragments
     info = {"trace": "summit", "nodes": list(sl.nodes), "window_start_s": sl.start_s,
             "window_s": window, "speed": s.speed, "fragments": len(frags),
-            "mean_idle_nodes": round(sl.mean_idle_nodes(), 2)}
-    return TraceReplay(fragments=frags, cycle_s=s.expected_wall_s), info
+            "mean_idle_nodes": round(float((frags["end_s"] - frags["start_s"]).sum())
+                                     / s.expected_wall_s, 2)}
+    return src, info
 
 
 def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 import pytest
-from malleparsl.workflows.replay import TraceReplay, compress, pick_slice
+from malleparsl.workflows.replay import compress, demo_source, pick_slice
 
 from malleparsl.errors import SpecError
 from malleparsl.traces import IdleTrace, load_trace
@@ -20,43 +20,33 @@ def trace_of(rows, t0=0.0, t1=1000.0):
     return IdleTrace(f, tuple(sorted(set(f["node"]))), t0, t1, "t")
 
 
-def drain(src, times):
-    out = []
-    for t in times:
-        out += [(round(e.time_s - 100.0, 6), e.kind, e.node) for e in src.poll(100.0 + t)]
-    return out
-
-
 def test_compress_scales_time_drops_short_fragments_and_closes_short_gaps():
     tr = trace_of([("a", 0, 300, False), ("a", 330, 900, False), ("b", 100, 150, False)])
     c = compress(tr, speed=10, min_fragment_s=10, min_gap_s=5)
     assert c.values.tolist() == [["a", 0.0, 90.0, False]]  # a's 3 s gap closed, b too short
 
 
-def test_replay_emits_events_on_the_callers_clock():
-    src = TraceReplay(fragments=frags([("a", 0, 10, False), ("b", 5, 20, True)]))
-    ev = drain(src, [0, 4, 6, 11, 30])
-    assert ev == [(0, "idle", "a"), (5, "idle", "b"), (10, "taken", "a"), (20, "taken", "b")]
-    assert src.log[1].end_s == pytest.approx(100 + 20)  # a known end is announced
-
-
-def test_a_node_comes_back_only_after_the_minimum_gap_and_never_twice():
-    f = frags([("a", 0, 10, False), ("a", 12, 40, False), ("a", 42, 60, False)])
-    src = TraceReplay(fragments=f, min_gap_s=5)
-    ev = drain(src, [0, 10, 12, 14, 15, 16, 43, 44, 50, 70])
-    assert ev == [(0, "idle", "a"), (10, "taken", "a"), (15, "idle", "a"), (40, "taken", "a"),
-                  (45, "idle", "a"), (60, "taken", "a")]
-
-
-def test_cycling_replays_the_window_so_a_long_run_keeps_getting_nodes():
-    src = TraceReplay(fragments=frags([("a", 0, 30, False), ("b", 10, 60, False)]), cycle_s=60,
-                      min_gap_s=5)
-    ev = drain(src, [0, 10, 30, 60, 70, 90, 125])
-    # b is open at the window end, so it simply stays idle across the cycle boundary
-    assert ev == [(0, "idle", "a"), (10, "idle", "b"), (30, "taken", "a"), (60, "idle", "a"),
-                  (90, "taken", "a"), (120, "idle", "a")]
-    src.close()
-    assert src.poll(1000) == []
+def test_demo_source_replays_the_compressed_slice_consistently():
+    """Through the simulator's TraceNodeSource: per node, idle and taken alternate, a node is
+    back no sooner than the minimum gap, and nodes open at the window's end stay."""
+    trace = load_trace("summit").window(0, 300_000)
+    sl = pick_slice(trace, nodes=4, window_s=3000, speed=30, seed=1, candidates=40)
+    src = demo_source(sl, speed=30, min_gap_s=15)
+    events = []
+    for t in range(0, 200, 1):
+        events += src.poll(1000.0 + t)
+    assert events and {e.kind for e in events} <= {"idle", "taken"}
+    state, last_taken = {}, {}
+    for e in sorted(events, key=lambda e: (e.time_s, e.kind != "taken")):
+        if e.kind == "idle":
+            assert not state.get(e.node), f"{e.node} idle twice"
+            assert e.time_s - last_taken.get(e.node, -1e9) >= 15 - 1e-6
+        else:
+            assert state.get(e.node), f"{e.node} taken while not idle"
+            last_taken[e.node] = e.time_s
+        state[e.node] = e.kind == "idle"
+    assert any(state.values()), "a node must stay idle after the window"
+    assert sum(1 for e in events if e.time_s == 1000.0 and e.kind == "idle") >= 2
 
 
 def test_pick_slice_is_deterministic_and_starts_with_idle_nodes():

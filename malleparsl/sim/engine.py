@@ -103,211 +103,260 @@ def simulate(
     >>> simulate(tr, [job], policy="upper-bound").samples
     150.0
     """
-    opts = options or SimOptions()
     t_wall = time.perf_counter()
-    pol, advisor, hide = make_setup(policy, **(policy_options or {}))
-    free_costs = bool(getattr(pol, "ignores_costs", False))
-    horizon = FragmentHorizon(quantile=opts.horizon_quantile) if opts.horizon else None
-    if horizon is not None and history is not None:
-        h = history.fragments
-        past = h[h["end_s"] <= trace.start_s]
-        horizon.record_many((past["end_s"] - past["start_s"]).to_numpy())
-    ctl = Controller(
-        policy=pol,
-        advisor=advisor or KnownCurves(),
-        max_active=None if free_costs and not getattr(pol, "keeps_cap", False)
-        else opts.max_active,
-        tfwd_s=opts.tfwd_s,
-        keep_history=True,
-        horizon=horizon,
-    )
-    rng = np.random.default_rng(opts.seed)
-    t0, t1 = trace.start_s, trace.end_s
+    rep = _Replay(trace, jobs, policy, options or SimOptions(), policy_options or {}, history)
+    rep.run(progress)
+    return rep.result(time.perf_counter() - t_wall)
 
-    f = trace.fragments.sort_values(["start_s", "node"], kind="stable")
-    st_t, st_node = f["start_s"].to_numpy(), f["node"].tolist()
-    st_end = f["end_s"].to_numpy()
-    st_known = f["known_end"].to_numpy(bool) | (rng.random(len(f)) < opts.reveal_ends)
-    e = f.sort_values(["end_s", "node"], kind="stable")
-    en_t, en_node, en_start = e["end_s"].to_numpy(), e["node"].tolist(), e["start_s"].to_numpy()
-    todo = sorted((j for j in jobs if j.submit_s < t1), key=lambda j: j.submit_s)
-    if not all(j.curve is not None for j in todo):
-        raise SpecError("every simulated job needs its true curve (JobSpec(curve=...))")
-    runs = {j.job_id: _Run(j) for j in todo}
-    fin: list[tuple[float, int, str]] = []
-    running: set[str] = set()
 
-    ev_rows: list[list] = []
-    size_rows: list[tuple] = []
-    solve: list[float] = []
-    totals = dict(used=0.0, rescales=0, pause=0.0, ppause=0.0, pcost=0.0, preempt=0, replans=0)
-    si = ei = ji = 0
-    now = t0
-    n_ev = n_done = n_act = 0
+class _Replay:
+    """One run: the trace's event streams, the truth about every job, the controller."""
 
-    def advance(t: float) -> None:
-        dt = t - now
+    def __init__(
+        self,
+        trace: IdleTrace,
+        jobs: Sequence[JobSpec],
+        policy: str,
+        opts: SimOptions,
+        policy_options: dict,
+        history: IdleTrace | None,
+    ) -> None:
+        self.trace, self.policy, self.opts = trace, policy, opts
+        pol, advisor, self.hide = make_setup(policy, **policy_options)
+        self.free_costs = bool(getattr(pol, "ignores_costs", False))
+        self.horizon = FragmentHorizon(quantile=opts.horizon_quantile) if opts.horizon else None
+        if self.horizon is not None and history is not None:
+            h = history.fragments
+            past = h[h["end_s"] <= trace.start_s]
+            self.horizon.record_many((past["end_s"] - past["start_s"]).to_numpy())
+        uncapped = self.free_costs and not getattr(pol, "keeps_cap", False)
+        self.ctl = Controller(
+            policy=pol,
+            advisor=advisor or KnownCurves(),
+            max_active=None if uncapped else opts.max_active,
+            tfwd_s=opts.tfwd_s,
+            keep_history=True,
+            horizon=self.horizon,
+        )
+        self.rng = np.random.default_rng(opts.seed)
+        self.t0, self.t1 = trace.start_s, trace.end_s
+        f = trace.fragments.sort_values(["start_s", "node"], kind="stable")
+        self.st_t, self.st_node = f["start_s"].to_numpy(), f["node"].tolist()
+        self.st_end = f["end_s"].to_numpy()
+        reveal = self.rng.random(len(f)) < opts.reveal_ends
+        self.st_known = f["known_end"].to_numpy(bool) | reveal
+        e = f.sort_values(["end_s", "node"], kind="stable")
+        self.en_t, self.en_node = e["end_s"].to_numpy(), e["node"].tolist()
+        self.en_start = e["start_s"].to_numpy()
+        self.todo = sorted((j for j in jobs if j.submit_s < self.t1), key=lambda j: j.submit_s)
+        if not all(j.curve is not None for j in self.todo):
+            raise SpecError("every simulated job needs its true curve (JobSpec(curve=...))")
+        self.runs = {j.job_id: _Run(j) for j in self.todo}
+        self.fin: list[tuple[float, int, str]] = []  # (finish time, run version, job)
+        self.running: set[str] = set()
+        self.ev_rows: list[list] = []
+        self.size_rows: list[tuple] = []
+        self.solve: list[float] = []
+        self.totals = dict(used=0.0, rescales=0, pause=0.0, ppause=0.0, pcost=0.0, preempt=0,
+                           replans=0)
+        self.si = self.ei = self.ji = self.n_done = self.n_act = 0
+        self.now = self.t0
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self, progress: Callable[[float], None] | None) -> None:
+        n_ev = 0
+        while True:
+            nxt = self._next_time()
+            if nxt >= self.t1:
+                self._advance(self.t1)
+                break
+            self._advance(nxt)
+            n_ev += 1
+            lost = self._take_back()
+            changed = bool(lost)
+            changed |= self._finish_due()
+            changed |= self._arrivals()
+            if self.hide:
+                changed |= self._measure()
+            n_changed, solve_ms = 0, 0.0
+            if self.ji > self.n_done and (changed or not self.opts.skip_idle_removals):
+                n_changed, solve_ms = self._replan(lost)
+            if changed:
+                self.n_act = len(self.ctl.active_jobs)
+            self.ev_rows.append([
+                self.now, len(self.ctl.nodes), sum(self.runs[j].size for j in self.running),
+                self.n_act, self.ji - self.n_done - self.n_act, 0.0, solve_ms, n_changed,
+            ])
+            if progress is not None and n_ev % 200 == 0:
+                progress((self.now - self.t0) / (self.t1 - self.t0))
+        if progress is not None:
+            progress(1.0)
+
+    def _next_time(self) -> float:
+        return min(
+            self.st_t[self.si] if self.si < len(self.st_t) else math.inf,
+            self.en_t[self.ei] if self.ei < len(self.en_t) else math.inf,
+            max(self.todo[self.ji].submit_s, self.t0) if self.ji < len(self.todo) else math.inf,
+            self.fin[0][0] if self.fin else math.inf,
+        )
+
+    def _advance(self, t: float) -> None:
+        """Train every running job from ``now`` to ``t``; the previous log row gets the mean."""
+        now, dt = self.now, t - self.now
         if dt <= 0:
             return
         used, gained = 0, 0.0
-        for jid in running:
-            r = runs[jid]
+        for jid in self.running:
+            r = self.runs[jid]
             used += r.size
             eff = t - max(now, r.pause_until)
             if eff > 0:
                 before = r.done
                 r.done = min(r.spec.total_samples, r.done + r.rate * eff)
                 gained += r.done - before
-        totals["used"] += used * dt
-        if ev_rows:  # the previous event's row: mean throughput until this event
-            ev_rows[-1][5] = gained / dt
+        self.totals["used"] += used * dt
+        if self.ev_rows:
+            self.ev_rows[-1][5] = gained / dt
+        self.now = t
 
-    def schedule_finish(r: _Run, t: float) -> None:
+    # ---- events ---------------------------------------------------------------------------
+    def _take_back(self) -> dict[str, frozenset]:
+        """Fragments ending now: the nodes go; returns what each job lost."""
+        gone = []
+        while self.ei < len(self.en_t) and self.en_t[self.ei] <= self.now:
+            gone.append(self.en_node[self.ei])
+            if self.horizon is not None and self.en_t[self.ei] < self.t1:
+                self.horizon.record(self.en_t[self.ei] - self.en_start[self.ei])
+            self.ei += 1
+        return self.ctl.remove_nodes(gone, now_s=self.now) if gone else {}
+
+    def _finish_due(self) -> bool:
+        done = False
+        while self.fin and self.fin[0][0] <= self.now:
+            _, ver, jid = heapq.heappop(self.fin)
+            r = self.runs[jid]
+            if ver != r.version or r.finished_s is not None:
+                continue  # stale: the job's rate changed since this entry was pushed
+            r.done, r.finished_s, r.size, r.rate = r.spec.total_samples, self.now, 0, 0.0
+            self.running.discard(jid)
+            self.ctl.finish(jid, now_s=self.now)
+            self.n_done += 1
+            self.size_rows.append((self.now, jid, 0))
+            done = True
+        return done
+
+    def _arrivals(self) -> bool:
+        """New idle nodes (with announced ends where known) and newly submitted jobs."""
+        added, ends = [], {}
+        while self.si < len(self.st_t) and self.st_t[self.si] <= self.now:
+            node = self.st_node[self.si]
+            added.append(node)
+            if self.st_known[self.si]:
+                ends[node] = float(self.st_end[self.si])
+            self.si += 1
+        if added:
+            self.ctl.add_nodes(added, now_s=self.now, end_s=ends)
+        n0 = self.ji
+        while self.ji < len(self.todo) and max(self.todo[self.ji].submit_s, self.t0) <= self.now:
+            spec = self.todo[self.ji]
+            hidden = dataclasses.replace(spec, curve=None) if self.hide else spec
+            self.ctl.submit(hidden, now_s=self.now)
+            self.ji += 1
+        return bool(added) or self.ji > n0
+
+    def _measure(self) -> bool:
+        """Noisy rate measurements for a learning advisor, after a warm-up at each size."""
+        o, told = self.opts, False
+        for jid in self.running:
+            r = self.runs[jid]
+            if self.now - r.steady_since >= o.warmup_s and self.now - r.last_observed >= (
+                o.observe_every_s
+            ):
+                noisy = max(0.0, r.rate * (1 + o.noise * self.rng.standard_normal()))
+                self.ctl.observe(jid, n_nodes=r.size, samples_per_s=noisy, now_s=self.now)
+                r.last_observed = self.now
+                told = True
+        return told
+
+    # ---- decisions ------------------------------------------------------------------------
+    def _replan(self, lost: dict[str, frozenset]) -> tuple[int, float]:
+        """One controller replan; carry out its plan and charge the pauses."""
+        now, ctl, tot = self.now, self.ctl, self.totals
+        plan = ctl.replan(now_s=now)
+        tot["replans"] += 1
+        self.solve.append(ctl.history[-1].solve_s)
+        ctl.history.clear()
+        changed = set(plan.changed_jobs) | set(lost)
+        for jid in changed:
+            r = self.runs[jid]
+            new_size = ctl.allocation.size(jid)
+            grows = jid in plan.start or jid in plan.grow
+            if jid in lost:
+                tot["preempt"] += 1
+            if new_size == 0:
+                r.size, r.rate = 0, 0.0
+                self.running.discard(jid)
+                r.version += 1
+                self.size_rows.append((now, jid, 0))
+                continue
+            pause = 0.0
+            if not self.free_costs:
+                pause = r.spec.rescale_up_s if grows else r.spec.rescale_down_s
+            r.pause_until = max(r.pause_until, now + pause)
+            r.size, r.rate = new_size, r.spec.curve.rate(new_size)  # type: ignore[union-attr]
+            r.steady_since = r.pause_until
+            r.rescales += 1
+            r.pause_s += pause
+            if r.first_start_s is None:
+                r.first_start_s = now
+            self.running.add(jid)
+            tot["rescales"] += 1
+            tot["pause"] += pause
+            if jid in lost:
+                tot["ppause"] += pause
+                tot["pcost"] += pause * r.rate
+            if self.hide and pause > 0:
+                ctl.observe_rescale(jid, kind="up" if grows else "down", pause_s=pause)
+            self._schedule_finish(r)
+            self.size_rows.append((now, jid, new_size))
+        return len(changed), self.solve[-1] * 1e3
+
+    def _schedule_finish(self, r: _Run) -> None:
         r.version += 1
         if r.size > 0 and r.rate > 0 and math.isfinite(r.spec.total_samples):
             left = (r.spec.total_samples - r.done) / r.rate
-            heapq.heappush(fin, (max(t, r.pause_until) + left, r.version, r.spec.job_id))
+            heapq.heappush(self.fin, (max(self.now, r.pause_until) + left, r.version, r.spec.job_id))
 
-    while True:
-        nxt = min(
-            st_t[si] if si < len(st_t) else math.inf,
-            en_t[ei] if ei < len(en_t) else math.inf,
-            max(todo[ji].submit_s, t0) if ji < len(todo) else math.inf,
-            fin[0][0] if fin else math.inf,
+    # ---- the answer -----------------------------------------------------------------------
+    def result(self, wall_s: float) -> SimResult:
+        runs, tot = self.runs.values(), self.totals
+        job_rows = [
+            (r.spec.job_id, r.spec.model, r.spec.submit_s, r.first_start_s, r.finished_s, r.done,
+             r.rescales, r.pause_s)
+            for r in runs
+        ]
+        return SimResult(
+            policy=self.policy,
+            trace=self.trace.name,
+            start_s=self.t0,
+            end_s=self.t1,
+            samples=float(sum(r.done for r in runs)),
+            idle_node_s=self.trace.idle_node_seconds(),
+            used_node_s=tot["used"],
+            rescales=int(tot["rescales"]),
+            pause_s=tot["pause"],
+            preempt_pause_s=tot["ppause"],
+            preempt_cost_samples=tot["pcost"],
+            preemptions=int(tot["preempt"]),
+            jobs_done=self.n_done,
+            jobs_submitted=len(self.todo),
+            solve_s=np.asarray(self.solve),
+            wall_s=wall_s,
+            events=pd.DataFrame(self.ev_rows, columns=EVENT_COLUMNS),
+            sizes=pd.DataFrame(self.size_rows, columns=SIZE_COLUMNS),
+            jobs=pd.DataFrame(job_rows, columns=[
+                "job", "model", "submit_s", "start_s", "finish_s", "samples", "rescales",
+                "pause_s",
+            ]),
+            replans=int(tot["replans"]),
         )
-        if nxt >= t1:
-            advance(t1)
-            now = t1
-            break
-        advance(nxt)
-        now = nxt
-        n_ev += 1
-        must_replan = False
-        # 1. nodes taken back
-        gone = []
-        while ei < len(en_t) and en_t[ei] <= now:
-            gone.append(en_node[ei])
-            if horizon is not None and en_t[ei] < t1:
-                horizon.record(en_t[ei] - en_start[ei])
-            ei += 1
-        lost = ctl.remove_nodes(gone, now_s=now) if gone else {}
-        if lost:
-            must_replan = True
-        # 2. jobs done
-        while fin and fin[0][0] <= now:
-            _, ver, jid = heapq.heappop(fin)
-            r = runs[jid]
-            if ver != r.version or r.finished_s is not None:
-                continue
-            r.done, r.finished_s, r.size, r.rate = r.spec.total_samples, now, 0, 0.0
-            running.discard(jid)
-            ctl.finish(jid, now_s=now)
-            n_done += 1
-            size_rows.append((now, jid, 0))
-            must_replan = True
-        # 3. new idle nodes and new jobs
-        added, ends = [], {}
-        while si < len(st_t) and st_t[si] <= now:
-            added.append(st_node[si])
-            if st_known[si]:
-                ends[st_node[si]] = float(st_end[si])
-            si += 1
-        if added:
-            ctl.add_nodes(added, now_s=now, end_s=ends)
-            must_replan = True
-        while ji < len(todo) and max(todo[ji].submit_s, t0) <= now:
-            spec = todo[ji]
-            ctl.submit(dataclasses.replace(spec, curve=None) if hide else spec, now_s=now)
-            ji += 1
-            must_replan = True
-        # 4. measurements for a learning advisor
-        if hide:
-            for jid in running:
-                r = runs[jid]
-                if now - r.steady_since >= opts.warmup_s and now - r.last_observed >= opts.observe_every_s:
-                    noisy = max(0.0, r.rate * (1 + opts.noise * rng.standard_normal()))
-                    ctl.observe(jid, n_nodes=r.size, samples_per_s=noisy, now_s=now)
-                    r.last_observed = now
-                    must_replan = True
-        # 5. replan and carry out the plan
-        n_changed, solve_ms = 0, 0.0
-        if ji > n_done and (must_replan or not opts.skip_idle_removals):
-            plan = ctl.replan(now_s=now)
-            totals["replans"] += 1
-            solve.append(ctl.history[-1].solve_s)
-            solve_ms = solve[-1] * 1e3
-            ctl.history.clear()
-            changed = set(plan.changed_jobs) | set(lost)
-            for jid in changed:
-                r = runs[jid]
-                new_size = ctl.allocation.size(jid)
-                grows = jid in plan.start or jid in plan.grow
-                if jid in lost:
-                    totals["preempt"] += 1
-                if new_size == 0:
-                    r.size, r.rate = 0, 0.0
-                    running.discard(jid)
-                    r.version += 1
-                    size_rows.append((now, jid, 0))
-                    continue
-                pause = 0.0 if free_costs else (
-                    r.spec.rescale_up_s if grows else r.spec.rescale_down_s
-                )
-                r.pause_until = max(r.pause_until, now + pause)
-                r.size, r.rate = new_size, r.spec.curve.rate(new_size)  # type: ignore[union-attr]
-                r.steady_since = r.pause_until
-                r.rescales += 1
-                r.pause_s += pause
-                if r.first_start_s is None:
-                    r.first_start_s = now
-                running.add(jid)
-                totals["rescales"] += 1
-                totals["pause"] += pause
-                if jid in lost:
-                    totals["ppause"] += pause
-                    totals["pcost"] += pause * r.rate
-                if hide and pause > 0:
-                    ctl.observe_rescale(jid, kind="up" if grows else "down", pause_s=pause)
-                schedule_finish(r, now)
-                size_rows.append((now, jid, new_size))
-            n_changed = len(changed)
-        if must_replan:
-            n_act = len(ctl.active_jobs)
-        ev_rows.append([
-            now, len(ctl.nodes), sum(runs[j].size for j in running), n_act, ji - n_done - n_act,
-            0.0, solve_ms, n_changed,
-        ])
-        if progress is not None and n_ev % 200 == 0:
-            progress((now - t0) / (t1 - t0))
-    if progress is not None:
-        progress(1.0)
-
-    job_rows = [
-        (r.spec.job_id, r.spec.model, r.spec.submit_s, r.first_start_s, r.finished_s, r.done,
-         r.rescales, r.pause_s)
-        for r in runs.values() if r.spec.submit_s < t1
-    ]
-    return SimResult(
-        policy=policy,
-        trace=trace.name,
-        start_s=t0,
-        end_s=t1,
-        samples=float(sum(r.done for r in runs.values())),
-        idle_node_s=trace.idle_node_seconds(),
-        used_node_s=totals["used"],
-        rescales=int(totals["rescales"]),
-        pause_s=totals["pause"],
-        preempt_pause_s=totals["ppause"],
-        preempt_cost_samples=totals["pcost"],
-        preemptions=int(totals["preempt"]),
-        jobs_done=sum(r.finished_s is not None for r in runs.values()),
-        jobs_submitted=len(todo),
-        solve_s=np.asarray(solve),
-        wall_s=time.perf_counter() - t_wall,
-        events=pd.DataFrame(ev_rows, columns=EVENT_COLUMNS),
-        sizes=pd.DataFrame(size_rows, columns=SIZE_COLUMNS),
-        jobs=pd.DataFrame(job_rows, columns=[
-            "job", "model", "submit_s", "start_s", "finish_s", "samples", "rescales", "pause_s",
-        ]),
-        replans=int(totals["replans"]),
-    )

@@ -187,8 +187,10 @@ class LocalSlurm:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
         for p in self._procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=5)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=5)
         self._procs.clear()
         self._kill_leftover_jobs()
 

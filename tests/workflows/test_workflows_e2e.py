@@ -92,3 +92,25 @@ def test_two_stage_sweep_survives_a_node_leaving_mid_training(tmp_path):
     db = sqlite3.connect(out / "monitoring.db")
     n_tasks = db.execute("select count(*) from task").fetchone()[0]
     assert n_tasks >= summary["runs"]
+
+
+class FixedNodes(NodeSource):
+    def __init__(self, nodes):
+        self.nodes, self.sent = list(nodes), False
+
+    def poll(self, now_s):
+        if self.sent:
+            return []
+        self.sent = True
+        return [NodeEvent("idle", n, now_s) for n in self.nodes]
+
+
+def test_plain_fallback_runs_the_same_workflow_one_node_per_trial(tmp_path):
+    out = tmp_path / "plain"
+    settings = DemoSettings(out=str(out), quick=True, trials=2, final_top_k=1, nodes=2,
+                            plain=True, jpa=False, timeout_s=300)
+    summary = run_demo(settings, node_source=FixedNodes(["p-a", "p-b"]))
+    assert summary["mode"].startswith("plain")
+    assert summary["lost_runs"] == summary["failed_runs"] == 0 and summary["stages_failed"] == []
+    assert summary["trials"] == 3 and summary["rescales"] == 0
+    assert summary["best_accuracy"] > 0.5 and (out / "report.html").exists()

@@ -28,6 +28,7 @@ sufficient (Hall's condition), and :func:`~malleparsl.allocator.placement.place`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.model import NodeId
 
-__all__ = ["OptionTable", "build_options", "horizon_levels"]
+__all__ = ["OptionTable", "build_options", "horizon_levels", "horizon_objective"]
 
 
 def horizon_levels(vals: np.ndarray, max_levels: int) -> np.ndarray:
@@ -48,8 +49,10 @@ def horizon_levels(vals: np.ndarray, max_levels: int) -> np.ndarray:
     distinct = np.unique(vals)[::-1]
     if distinct.size <= max_levels:
         return distinct
-    qs = np.quantile(vals, np.linspace(0.0, 1.0, max_levels), method="lower")
-    return np.unique(np.append(qs, vals.min()))[::-1]
+    # equal-count classes: thresholds at the 0, 1/B, ..., (B-1)/B quantiles (the lowest one is
+    # the minimum, so every node has a level)
+    qs = np.quantile(vals, np.arange(max_levels) / max_levels, method="lower")
+    return np.unique(qs)[::-1]
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class OptionTable:
     value: np.ndarray  # float: objective value
     free: np.ndarray  # int (levels): unheld nodes with horizon >= H_L
     levels: np.ndarray  # float: thresholds H_1 > ... > H_B
+    hold: np.ndarray  # float: seconds a growing option's gain is assumed to last (else 0)
 
     def __len__(self) -> int:
         return int(self.job.size)
@@ -79,6 +83,7 @@ class OptionTable:
             value=self.value[mask],
             free=self.free,
             levels=self.levels,
+            hold=self.hold[mask],
         )
 
 
@@ -118,6 +123,13 @@ def build_options(
         held[[index[n] for n in j.current]] = True
     free = np.cumsum(np.bincount(lev_arr[~held], minlength=n_lev))
     total_per = np.cumsum(np.bincount(lev_arr, minlength=n_lev))
+    one_level = horizon_aware and n_lev == 1 and max_levels == 1
+    if one_level:  # growth draws on free nodes first, then on other jobs' nodes, longest first
+        free_desc = np.sort(hvals[~held])[::-1]
+        owner = np.full(n_nodes, -1)
+        for ji, j in enumerate(jobs):
+            owner[[index[n] for n in j.current]] = ji
+        held_order = np.flatnonzero(held)[np.argsort(-hvals[held], kind="stable")]
     parts: list[tuple[np.ndarray, ...]] = []
     for ji, j in enumerate(jobs):
         sizes = allowed_sizes(j, n_nodes)
@@ -152,6 +164,7 @@ def build_options(
                 np.zeros(kk.size, dtype=np.int64),
                 released[c - kk],
                 ng_vals[keep_idx],
+                np.zeros(kk.size),
             )
         )
         best_ng = float(ng_vals[keep_idx].max()) if keep_idx.size else -np.inf
@@ -160,7 +173,17 @@ def build_options(
         if gs.size == 0:
             continue
         gain = rates[gs] - rc
-        grid = w * (base + np.outer(levels, gain) - j.spec.rescale_up_s * rc)
+        lasts = np.broadcast_to(levels[:, None], (n_lev, gs.size))
+        if one_level:
+            others = hvals[held_order[owner[held_order] != ji]]
+            # the gain lasts until the first new node leaves: running minimum along the pool
+            pool = np.minimum.accumulate(np.concatenate([free_desc, others]))
+            lasts = pool[np.minimum(gs - c, pool.size) - 1][None, :]
+        if horizon_aware and np.isfinite(j.spec.total_samples):
+            # a gain cannot outlast the job: it trains at most total_samples / r(k) seconds
+            with np.errstate(divide="ignore"):
+                lasts = np.minimum(lasts, (j.spec.total_samples / rates[gs])[None, :])
+        grid = w * (base + lasts * gain[None, :] - j.spec.rescale_up_s * rc)
         avail = total_per - released[c]
         grid = np.where((gs[None, :] - c) <= avail[:, None], grid, -np.inf)
         # best value over options at least as cheap: same-or-lower level, same-or-smaller size
@@ -180,11 +203,12 @@ def build_options(
                 gs[ii] - c,
                 np.zeros((bb.size, n_lev), dtype=np.int64),
                 grid[bb, ii],
+                np.asarray(lasts)[bb, ii],
             )
         )
     cols = {
         name: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0))
-        for k, name in enumerate(("job", "size", "level", "demand", "supply", "value"))
+        for k, name in enumerate(("job", "size", "level", "demand", "supply", "value", "hold"))
     }
     if not parts:
         cols["supply"] = np.zeros((0, n_lev))
@@ -198,4 +222,31 @@ def build_options(
         value=np.asarray(cols["value"], dtype=float),
         free=free.astype(np.int64),
         levels=levels,
+        hold=np.asarray(cols["hold"], dtype=float),
     )
+
+
+def horizon_objective(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobView],
+    assignment: Mapping[str, frozenset[NodeId]],
+    horizons: Mapping[NodeId, float],
+) -> float:
+    """The horizon-aware objective of concrete node sets (the values in the module docstring,
+    with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
+    long as the longest-lived released node would have stayed)."""
+    total = 0.0
+    for j in jobs:
+        new, cur = assignment.get(j.job_id, frozenset()), j.current
+        k, c, r = len(new), len(cur), j.curve.rate
+        v = snapshot.tfwd_s * r(c)
+        if k > c:
+            lasts = min(horizons[n] for n in new - cur)
+            if math.isfinite(j.spec.total_samples) and r(k) > 0:
+                lasts = min(lasts, j.spec.total_samples / r(k))
+            v += (r(k) - r(c)) * lasts - j.spec.rescale_up_s * r(c)
+        elif k < c:
+            v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
+            v -= j.spec.rescale_down_s * r(c)
+        total += j.spec.weight * v
+    return total

@@ -46,8 +46,10 @@ class Reduction:
     incumbent: np.ndarray  # option row per job of that feasible choice
 
 
-def _lp_duals(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarray | None:
-    """Pool multipliers ``lambda >= 0`` from HiGHS's LP relaxation (None if it failed)."""
+def _lp_relaxation(
+    table: OptionTable, use: np.ndarray, n_jobs: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Pool multipliers ``lambda >= 0`` and the primal ``x`` of HiGHS's LP relaxation."""
     n_opt, n_lev = use.shape
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -60,25 +62,24 @@ def _lp_duals(table: OptionTable, use: np.ndarray, n_jobs: int) -> np.ndarray | 
     lp.col_upper_ = np.ones(n_opt)
     lp.row_lower_ = np.concatenate([np.ones(n_jobs), np.full(n_lev, -highspy.kHighsInf)])
     lp.row_upper_ = np.concatenate([np.ones(n_jobs), table.free.astype(float)])
-    # column-wise matrix: option i has a 1 in its job row and use[i, L] in pool rows
-    starts, index, value = [0], [], []
-    for i in range(n_opt):
-        nz = np.flatnonzero(use[i])
-        index.append(int(table.job[i]))
-        index.extend(int(n_jobs + L) for L in nz)
-        value.append(1.0)
-        value.extend(float(use[i, L]) for L in nz)
-        starts.append(len(index))
+    # column-wise matrix: option i has a 1 in its job row and use[i, L] in pool row L
+    rows = np.concatenate(
+        [table.job[:, None], n_jobs + np.broadcast_to(np.arange(n_lev), (n_opt, n_lev))], axis=1
+    )
+    vals = np.concatenate([np.ones((n_opt, 1)), use.astype(float)], axis=1)
+    mask = vals != 0
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.asarray(value, dtype=float)
+    lp.a_matrix_.start_ = np.concatenate(([0], np.cumsum(mask.sum(axis=1)))).astype(np.int32)
+    lp.a_matrix_.index_ = rows[mask].astype(np.int32)
+    lp.a_matrix_.value_ = vals[mask]
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
-    duals = np.asarray(h.getSolution().row_dual[n_jobs:], dtype=float)
-    return np.abs(duals)  # sign conventions differ by sense; any lambda >= 0 is valid
+    sol = h.getSolution()
+    duals = np.abs(np.asarray(sol.row_dual[n_jobs:], dtype=float))
+    # sign conventions differ by sense; any lambda >= 0 gives a valid bound
+    return duals, np.asarray(sol.col_value, dtype=float)
 
 
 def _group_max(values: np.ndarray, job: np.ndarray, n_jobs: int) -> np.ndarray:
@@ -124,10 +125,18 @@ def _fits(table: OptionTable, use: np.ndarray, rows: np.ndarray) -> bool:
     return bool(np.all(use[rows].sum(axis=0) <= table.free))
 
 
-def _incumbent(table: OptionTable, use: np.ndarray, rho: np.ndarray, n_jobs: int) -> np.ndarray:
-    """A good feasible choice: best reduced options, repaired, then improved swap by swap."""
+def _incumbent(
+    table: OptionTable,
+    use: np.ndarray,
+    rho: np.ndarray,
+    n_jobs: int,
+    x: np.ndarray | None = None,
+) -> np.ndarray:
+    """A good feasible choice: the LP's (or the best reduced) options, repaired, improved."""
     best = _group_max(rho, table.job, n_jobs)[table.job]
     near = rho >= best - 1e-9 * np.abs(best)  # ties as in _subgradient: the smallest use wins
+    if x is not None:  # the LP's choice: its largest weight per job
+        near = x >= _group_max(x, table.job, n_jobs)[table.job] - 1e-9
     order = np.lexsort((-table.value, use.sum(axis=1), ~near, table.job))
     first = np.ones(order.size, dtype=bool)
     first[1:] = table.job[order][1:] != table.job[order][:-1]
@@ -139,6 +148,18 @@ def _incumbent(table: OptionTable, use: np.ndarray, rho: np.ndarray, n_jobs: int
     safe = np.full(n_jobs, -1)
     safe[table.job[by[head]]] = by[head]
     sval = table.value[safe]
+    if x is not None and not _fits(table, use, pick):
+        # the LP splits a few jobs between options: round them to their best non-growing option,
+        # or to their smallest (which releases a superset of nodes); the moves below regrow them
+        split = np.flatnonzero(_group_max(x, table.job, n_jobs) < 1 - 1e-6)
+        pick[split] = safe[split]
+        if not _fits(table, use, pick):
+            nongrow = np.flatnonzero(table.level < 0)
+            by = nongrow[np.lexsort((table.size[nongrow], table.job[nongrow]))]
+            head = np.concatenate(([True], table.job[by][1:] != table.job[by][:-1]))
+            smallest = np.full(n_jobs, -1)
+            smallest[table.job[by[head]]] = by[head]
+            pick[split] = smallest[split]
     if not _fits(table, use, pick):
         for j in np.argsort(table.value[pick] - sval):  # drop the cheapest growth first
             pick[j] = safe[j]
@@ -187,24 +208,31 @@ def _pair_move(table: OptionTable, use: np.ndarray, pick: np.ndarray, cand: np.n
     return True
 
 
-def reduce_options(table: OptionTable, n_jobs: int) -> Reduction | None:
-    """Options that may be optimal, or ``None`` if the LP could not be used."""
+def reduce_options(table: OptionTable, n_jobs: int, *, gap: float = 0.0) -> Reduction | None:
+    """Options that may be optimal, or ``None`` if the LP could not be used.
+
+    With ``gap > 0``, options that could improve on the feasible choice by no more than
+    ``gap * |U|`` are dropped too: what remains still contains a solution within ``gap`` of
+    the optimum (relative to the bound ``U``).
+    """
     if len(table) == 0:
         return None
     use = net_use(table)
+    x = None
     if table.levels.size == 1:
         lam = _scalar_lambda(table, use, n_jobs)
     else:
-        lam = _lp_duals(table, use, n_jobs)
-        if lam is None:
+        got = _lp_relaxation(table, use, n_jobs)
+        if got is None:
             return None
+        lam, x = got
     rho = table.value - use @ lam
     best_rho = _group_max(rho, table.job, n_jobs)
     upper = float(lam @ table.free + best_rho.sum())
-    pick = _incumbent(table, use, rho, n_jobs)
+    pick = _incumbent(table, use, rho, n_jobs, x)
     lower = float(table.value[pick].sum())
     tol = 1e-9 * max(1.0, abs(upper)) + 1e-6
-    keep = upper - (best_rho[table.job] - rho) >= lower - tol
+    keep = upper - (best_rho[table.job] - rho) >= lower + gap * abs(upper) - tol
     keep[pick] = True
     log.debug(
         "reduction: %d of %d options kept (U=%.6g, L=%.6g)", keep.sum(), keep.size, upper, lower

@@ -70,10 +70,10 @@ def test_default_horizon_makes_unknown_nodes_attractive_when_asked():
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(max_jobs=3, max_nodes=5, with_ends=True))
-def test_horizon_model_is_optimal_for_its_objective_on_tiny_instances(inst):
+def test_nested_horizon_model_is_optimal_for_its_objective_on_tiny_instances(inst):
     snap, jobs = inst
     hz = node_horizons(snap)
-    alloc = make_policy("milp-horizon").allocate(snap, jobs)
+    alloc = make_policy("milp-horizon", max_levels=8).allocate(snap, jobs)
     assert feasibility_problems(snap, jobs, alloc) == []
     best, _ = brute_force(snap, jobs, score=lambda s, j, a: horizon_score(s, j, a, hz))
     assert horizon_score(snap, jobs, alloc, hz) == pytest.approx(best, rel=1e-6, abs=1e-6)
@@ -105,3 +105,21 @@ def test_many_horizon_levels_are_rounded_down_and_stay_feasible():
     assert 30 <= len(used) <= 48  # 6 jobs x 8 useful nodes at most
     # the nodes left idle are the shortest-lived ones
     assert max(ends[n] for n in set(nodes) - used) < min(ends[n] for n in used)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_jobs=3, max_nodes=5, with_ends=True))
+def test_one_pool_horizon_model_is_feasible_and_close_to_the_nested_optimum(inst):
+    """The default (one pool) model is an approximation: feasible, and never worse than
+    keeping the current allocation under the horizon objective."""
+    from malleparsl.allocator.placement import fallback_counts, place
+
+    snap, jobs = inst
+    hz = node_horizons(snap)
+    alloc = make_policy("milp-horizon").allocate(snap, jobs)
+    assert feasibility_problems(snap, jobs, alloc) == []
+    keep = place(snap, jobs, fallback_counts(snap, jobs), horizons=hz)
+    best, _ = brute_force(snap, jobs, score=lambda s, j, a: horizon_score(s, j, a, hz))
+    mine = horizon_score(snap, jobs, alloc, hz)
+    assert mine <= best + 1e-6 * max(1.0, abs(best))
+    assert mine >= horizon_score(snap, jobs, keep, hz) - 1e-6 * max(1.0, abs(best))

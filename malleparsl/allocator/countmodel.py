@@ -21,6 +21,13 @@ longest of those would have stayed (``H_rel``). Both readings are the pessimisti
 model rescales only when it pays. When no node has a known end every horizon is ``Tfwd`` and the
 values reduce exactly to BFTrainer's objective (see :mod:`~malleparsl.allocator.objective`).
 
+With ``max_levels=1`` (``milp-horizon``'s default) there is one pool and ``H_b`` becomes, per
+growing option, the running minimum of the horizons the job would get if it were first in line
+(free nodes, then other jobs' nodes, longest first): the same one-constraint knapsack as
+``milp``, hence as fast; :mod:`~malleparsl.allocator.milp` then undoes growth that the nodes
+actually placed do not repay. With finite ``total_samples`` a gain lasts at most
+``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains).
+
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
 sufficient (Hall's condition), and :func:`~malleparsl.allocator.placement.place` realises it.

@@ -72,10 +72,15 @@ class LinearFromOneNode(CurveAdvisor):
 
 
 def _jpa_setup(*, share_priors: bool = True, **options: object) -> Setup:
+    """``advisor=`` passes a ready advisor (to read its figures after the run)."""
     inner = options.pop("inner", "milp")
     inner_options = dict(options.pop("inner_options", None) or {})  # type: ignore[call-overload]
-    kw = {**SIM_DEFAULTS, **options}
-    advisor = JobProfilingAdvisor(share_priors=share_priors, **kw)  # type: ignore[arg-type]
+    advisor = options.pop("advisor", None)
+    if advisor is None:
+        kw = {**SIM_DEFAULTS, **options}
+        advisor = JobProfilingAdvisor(share_priors=share_priors, **kw)  # type: ignore[arg-type]
+    elif options:
+        raise SpecError(f"give advisor options or advisor=, not both (got {sorted(options)})")
     return ProbeFirst(advisor=advisor, inner=inner, **inner_options), advisor, True  # type: ignore[arg-type]
 
 

@@ -135,7 +135,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
     from .apprunner import AppTrialRunner
     from .digits import load_split, train_digits
     from .progress import ProgressView
-    from .report_html import write_report
+    from .report_html import write_plots, write_summary
     from .timeline import Recorder
 
     t_start = time.time()
@@ -149,6 +149,8 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
     trace_info: dict[str, Any] = {"trace": "given node source"}
     if node_source is None:
         node_source, trace_info = make_source(s)
+    if console is not None:
+        console.print(f"[bold]idle nodes[/bold]: {trace_info}", highlight=False)
     policy, advisor = _policy(s)
     config = local_config(nodes=0, run_dir=str(out / "runinfo"), node_source=node_source,
                           ckpt_root=str(out / "ckpt"), policy=policy, advisor=advisor,
@@ -157,7 +159,8 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
     if s.monitoring:
         from parsl.monitoring import MonitoringHub
 
-        config.monitoring = MonitoringHub(hub_address="127.0.0.1",
+        # HTEX sends workers' monitoring messages through its interchange: nothing else listens
+        config.monitoring = MonitoringHub(workflow_name="malleparsl-demo",
                                           logging_endpoint=f"sqlite:///{out / 'monitoring.db'}",
                                           resource_monitoring_interval=2)
     wf, first, full = build_workflow(s)
@@ -212,9 +215,9 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
         "trace_slice": trace_info,
         "monitoring_db": str(out / "monitoring.db") if s.monitoring else None,
     }
-    summary["wall_s"] = round(time.time() - t_start, 1)
-    write_report(out, samples=rec.samples, table=table, events=runner.events, summary=summary,
-                 title=title)
+    write_plots(out, samples=rec.samples, table=table, events=runner.events)
+    summary["wall_s"] = round(time.time() - t_start, 1)  # everything but this last write
+    write_summary(out, table=table, summary=summary, title=title)
     return summary
 
 
@@ -239,8 +242,10 @@ def demo(
     s = DemoSettings(out=str(out), quick=quick, nas=nas, nodes=nodes, trials=trials or None,
                      max_nodes=max_nodes, speed=speed, policy=policy, jpa=jpa, plain=plain,
                      monitoring=monitoring, seed=seed)
-    for name in ("parsl", "malleparsl"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    root = logging.getLogger()
+    for h in root.handlers:  # parsl.load() sets its logger to DEBUG; keep it off the console
+        if h.level == logging.NOTSET:
+            h.setLevel(root.level or logging.WARNING)
     summary = run_demo(s, console=console)
     console.print(f"[bold]best accuracy[/bold] {summary['best_accuracy']}  "
                   f"config {summary['best_config']}")

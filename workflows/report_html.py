@@ -163,36 +163,49 @@ def plot_accuracies(table: TrialsTable, path: Path, *, target: float | None = 0.
     return path
 
 
-def write_report(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
-                 events: Sequence[TrialEvent], summary: Mapping[str, Any],
-                 title: str = "malleparsl demo") -> dict[str, Path]:
-    """Write every file of the report folder; returns their paths by name."""
+PLOTS = {
+    "nodes_timeline": "Nodes over time, coloured by trial",
+    "trial_sizes": "Each trial's size over time",
+    "throughput": "Throughput against the upper bound",
+    "accuracies": "The trials' accuracies",
+}
+
+
+def write_plots(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
+                events: Sequence[TrialEvent]) -> dict[str, Path]:
+    """The four PNGs plus ``trials.csv`` and ``best.json``; a failing plot is logged, skipped."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     jt = trial_of_job(events)
-    paths: dict[str, Path] = {}
-    paths.update(table.save(folder))
-    plots = {
-        "nodes_timeline": ("Nodes over time, coloured by trial",
-                           lambda p: plot_nodes_timeline(samples, jt, p)),
-        "trial_sizes": ("Each trial's size over time", lambda p: plot_trial_sizes(samples, jt, p)),
-        "throughput": ("Throughput against the upper bound", lambda p: plot_throughput(samples, p)),
-        "accuracies": ("The trials' accuracies", lambda p: plot_accuracies(table, p)),
+    paths: dict[str, Path] = dict(table.save(folder))
+    draw = {
+        "nodes_timeline": lambda p: plot_nodes_timeline(samples, jt, p),
+        "trial_sizes": lambda p: plot_trial_sizes(samples, jt, p),
+        "throughput": lambda p: plot_throughput(samples, p),
+        "accuracies": lambda p: plot_accuracies(table, p),
     }
-    for name, (_, draw) in plots.items():
+    for name, fn in draw.items():
         try:
-            paths[name] = draw(folder / f"{name}.png")
+            paths[name] = fn(folder / f"{name}.png")
         except Exception:
             log.exception("plot %s failed", name)
-    paths["summary"] = folder / "summary.json"
+    return paths
+
+
+def write_summary(out: str | Path, *, table: TrialsTable, summary: Mapping[str, Any],
+                  title: str = "malleparsl demo") -> dict[str, Path]:
+    """``summary.json`` and ``report.html`` (which shows the PNGs already in ``out``)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"summary": folder / "summary.json", "html": folder / "report.html"}
     paths["summary"].write_text(json.dumps(dict(summary), indent=2, default=str))
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}"
                    "</td></tr>" for k, v in summary.items())
     imgs = "".join(f"<h2>{html.escape(cap)}</h2><img src='{name}.png' alt='{html.escape(cap)}'>"
-                   for name, (cap, _) in plots.items() if name in paths)
+                   for name, cap in PLOTS.items() if (folder / f"{name}.png").exists())
     frame = table.to_frame()
     trials_html = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}") if len(frame) else ""
-    doc = f"""<!doctype html>
+    paths["html"].write_text(f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} img{{max-width:100%}}
 table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}
@@ -203,7 +216,14 @@ table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;pa
 <h2>Trials</h2>
 {trials_html}
 </body></html>
-"""
-    paths["html"] = folder / "report.html"
-    paths["html"].write_text(doc)
+""")
+    return paths
+
+
+def write_report(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
+                 events: Sequence[TrialEvent], summary: Mapping[str, Any],
+                 title: str = "malleparsl demo") -> dict[str, Path]:
+    """Every file of the report folder; returns their paths by name."""
+    paths = write_plots(out, samples=samples, table=table, events=events)
+    paths.update(write_summary(out, table=table, summary=summary, title=title))
     return paths

@@ -12,8 +12,9 @@ policy's). Semantics (see docs/sim.md):
   grows (the first allocation pays its grow cost), else ``rescale_down_s`` (a shrink, a
   preemption, or both). A pause during a pause restarts it.
 - Jobs are admitted in submission order, at most ``max_active`` at once (the controller's cap).
-- Replans are skipped when the only change is that *unused* idle nodes vanished: the previous
-  answer is then still feasible and an optimal policy would keep it.
+- Replans are skipped when the only change is that *unused* idle nodes vanished (the previous
+  answer is still feasible and an optimal policy would keep it) or that jobs arrived while the
+  cap is full (they wait; the controller admits them at the next replan).
 """
 
 from __future__ import annotations
@@ -262,7 +263,10 @@ class _Replay:
             hidden = dataclasses.replace(spec, curve=None) if self.hide else spec
             self.ctl.submit(hidden, now_s=self.now)
             self.ji += 1
-        return bool(added) or self.ji > n0
+        # a job that must queue behind a full cap changes nothing the policy sees
+        cap = self.ctl.max_active
+        admissible = self.ji > n0 and (cap is None or self.n_act < cap)
+        return bool(added) or admissible
 
     def _measure(self) -> bool:
         """Noisy rate measurements for a learning advisor, after a warm-up at each size."""

@@ -105,35 +105,47 @@ def measure_rescale_latency(
     step_s: float = 0.05,
     timeout_s: float = 120.0,
     run_dir: str | None = None,
+    entry: Any = None,
+    entry_kwargs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+    warm_modules: tuple[str, ...] = ("torch.distributed",),
 ) -> list[float]:
     """Run ``rescales`` alternating shrinks and grows; return each pause in seconds.
 
-    Starts and shuts down its own executor (``nodes`` emulated nodes; needs ``nodes >= 2``).
-    The pause excludes checkpoint I/O, as the benchmark target asks.
+    Starts and shuts down its own executor and DataFlowKernel (``nodes`` emulated nodes;
+    ``nodes >= 2``), beside any DFK already loaded. The pause excludes checkpoint I/O, as the
+    benchmark target asks. ``entry`` defaults to the synthetic gloo job (``step_s`` per global
+    step); pass e.g. ``RankEntry(train_digits)`` with ``entry_kwargs`` and malleable
+    ``options`` to time a real model (it must train long enough for every rescale), and the
+    modules its code imports as ``warm_modules`` (new nodes import them before joining).
+    Only rescales decided while the job was past its start-up count (``RescaleRecord.steady``):
+    a stop cannot take effect before the first step boundary.
     """
     from malleparsl.executors.manual_source import ManualNodeSource
     from malleparsl.executors.synthetic import synthetic_entry
+    from parsl.dataflow.dflow import DataFlowKernel
 
     if nodes < 2:
         raise ValueError(f"nodes must be >= 2 to shrink and grow, got {nodes!r}")
+    if entry is None:
+        entry = synthetic_entry
+        entry_kwargs = {"steps": 10**9, "step_s": step_s, "ckpt_every": 0,
+                        "progress_every_s": 0.05, **(entry_kwargs or {})}
     src = ManualNodeSource(nodes=[f"node-{i:02d}" for i in range(nodes)])
-    import parsl
-
-    dfk = parsl.load(local_malleable_config(node_source=src, run_dir=run_dir))
+    dfk = DataFlowKernel(local_malleable_config(node_source=src, run_dir=run_dir,
+                                                warm_modules=tuple(warm_modules)))
     ex = dfk.executors["malleable"]
     try:
         ex.wait_for_nodes(nodes, timeout_s)
-        fut = ex.submit(
-            synthetic_entry,
-            {"malleable": {"job_id": "bench-rescale", "min_nodes": 1, "max_nodes": nodes}},
-            steps=10**9, step_s=step_s, ckpt_every=0, progress_every_s=0.05,
-        )
+        opts = {"progress_interval_s": 0.05, **(options or {}),
+                "job_id": "bench-rescale", "min_nodes": 1, "max_nodes": nodes}
+        fut = ex.submit(entry, {"malleable": opts}, **(entry_kwargs or {}))
         job = _job(ex, "bench-rescale", timeout_s)
         _wait(lambda: len(job.nodes) == nodes and job.state.value == "running", timeout_s,
               f"the job to run on {nodes} nodes")
         fresh = 0
         for i in range(rescales):
-            done = len([r for r in job.rescales if r.pause_s is not None])
+            done = len([r for r in job.rescales if r.pause_s is not None and r.steady])
             _wait(lambda: fut.done() or _stepping(job), timeout_s, "the job to take steps")
             if i % 2 == 0:
                 victim = sorted(job.nodes)[-1]
@@ -142,18 +154,18 @@ def measure_rescale_latency(
                 fresh += 1
                 src.idle(f"node-x{fresh:02d}")
             _wait(lambda d=done: fut.done() or len(
-                [r for r in job.rescales if r.pause_s is not None]) > d,
+                [r for r in job.rescales if r.pause_s is not None and r.steady]) > d,
                 timeout_s, f"rescale {i + 1} to take its first step")
             if fut.done():
                 fut.result()  # surfaces a failure of the job
                 raise RuntimeError("the benchmark job ended before its last rescale")
-        pauses = [r.pause_s for r in job.rescales if r.pause_s is not None]
+        pauses = [r.pause_s for r in job.rescales
+                  if r.pause_s is not None and r.steady and r.kind in ("up", "down")]
         log.info("rescale pauses (s): %s; median %.3f", [round(p, 3) for p in pauses],
                  statistics.median(pauses))
         return pauses
     finally:
         dfk.cleanup()
-        parsl.clear()
 
 
 def _job(ex: Any, job_id: str, timeout_s: float) -> Any:

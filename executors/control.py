@@ -25,6 +25,7 @@ from typing import Any
 
 from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
 from malleparsl.executors.planning import build_policy, spec_from_options
+from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
 
 from malleparsl.allocator.base import AllocationPolicy
 from malleparsl.controller import Controller, CurveAdvisor
@@ -33,13 +34,6 @@ from malleparsl.model import NodeId
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
-
-
-def warm_node() -> int:
-    """A probe task that imports torch.distributed in a worker so segments start warm."""
-    import torch.distributed  # noqa: F401
-
-    return os.getpid()
 
 
 class ControlLoop:
@@ -80,6 +74,7 @@ class ControlLoop:
         ckpt_root: str | None = None,
         store_host: str | None = None,
         warm_nodes: bool = True,
+        warm_timeout_s: float = 120.0,
         release_grace_s: float = 10.0,
         fail_grace_s: float = 30.0,
         max_restarts: int = 10,
@@ -103,6 +98,8 @@ class ControlLoop:
         self.ckpt_root = ckpt_root or os.path.join(run_dir, "malleable_ckpt")
         self.store_host = store_host or "127.0.0.1"
         self.warm_nodes = warm_nodes
+        self._warmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put,
+                                  timeout_s=warm_timeout_s)
         self.release_grace_s = release_grace_s
         self.fail_grace_s = fail_grace_s
         self.max_restarts = max_restarts
@@ -197,6 +194,9 @@ class ControlLoop:
     def _on_node_event(self, event: str, node: NodeId) -> None:
         self._queue.put(("node", event, node))
 
+    def _queue_put(self, ev: tuple) -> None:
+        self._queue.put(ev)
+
     # ---- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
         next_tick = 0.0
@@ -240,6 +240,7 @@ class ControlLoop:
                 return False
             self.jobs[job.job_id] = job
             self.controller.submit(job.spec, now_s=now)
+            self._prewarm_free_nodes(job.entry)
             return True
         if kind == "rank":
             _, job_id, segment, rank, fut = ev
@@ -249,11 +250,19 @@ class ControlLoop:
             _, event, node = ev
             if event == "ready":
                 self._releases.pop(node, None)
-                self.controller.add_nodes([node], now_s=now, end_s=self._ends(node))
-                self._warm(node)
+                entries = [j.entry for j in self.jobs.values() if j.state.value != "done"]
+                if self.warm_nodes and self._warmer.start(node, entries):
+                    return False  # joins the plan once warm: see malleparsl.executors.warmup
+                self._node_ready(node, now)
             elif event == "lost":
                 self._node_gone(node, now)
             return True
+        if kind == "warmed":
+            _, node, fut = ev
+            if self._warmer.done(node, fut) and node in self.executor.ready_nodes():
+                self._node_ready(node, now)
+                return True
+            return False
         if kind == "policy":
             _, pol, adv = ev
             self.controller.policy = pol
@@ -275,7 +284,27 @@ class ControlLoop:
             self.controller.remove_nodes(gone, now_s=now)
         return True
 
+    def _node_ready(self, node: NodeId, now: float) -> None:
+        self.controller.add_nodes([node], now_s=now, end_s=self._ends(node))
+        self._warm(node)
+
+    def _prewarm_free_nodes(self, entry: Any) -> None:
+        """A new job's code is imported on idle nodes now, not when the job grows onto them."""
+        if not self.warm_nodes:
+            return
+        busy = {n for j in self.jobs.values() for n in j.nodes}
+        key = entry_key(entry)
+        for node in set(self.controller.nodes) - busy:
+            seen = self._warmer.warmed.setdefault(node, set())
+            if key not in seen:
+                seen.add(key)
+                try:
+                    self.executor.submit_to_node(node, warm_entry, entry)
+                except Exception as exc:
+                    log.debug("pre-warm of %s not submitted: %r", node, exc)
+
     def _node_gone(self, node: NodeId, now: float) -> None:
+        self._warmer.forget(node)
         self.controller.remove_nodes([node], now_s=now)
         self._node_end.pop(node, None)
         for job in self.jobs.values():
@@ -296,6 +325,10 @@ class ControlLoop:
     def _tick(self) -> bool:
         now = self.clock()
         dirty = False
+        for node in self._warmer.expired():
+            if node in self.executor.ready_nodes():
+                self._node_ready(node, now)
+                dirty = True
         if self.node_source is not None:
             try:
                 events = self.node_source.poll(now)

@@ -75,6 +75,7 @@ class RescaleRecord:
     first_step_s: float | None = None
     ckpt_io_s: float = 0.0
     reported: bool = False
+    steady: bool = False  # the old segment had reported progress: it was past its start-up
 
     @property
     def pause_s(self) -> float | None:
@@ -200,7 +201,8 @@ class MalleableJob:
             return
         if self.state is JobState.RUNNING and frozenset(self.nodes) != target:
             size = len(self.nodes)
-            self._pending = RescaleRecord(self.job_id, "", size, self.clock())
+            steady = self.segment is not None and self.segment.last_progress_time is not None
+            self._pending = RescaleRecord(self.job_id, "", size, self.clock(), steady=steady)
             self._request_stop()
 
     def _request_stop(self) -> None:

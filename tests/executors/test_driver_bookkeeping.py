@@ -274,3 +274,29 @@ def test_build_policy_pairs_the_jpa_with_its_advisor_and_defaults_to_the_placeho
     assert pol.name == "milp" and isinstance(adv, LinearPlaceholderAdvisor)
     with pytest.raises(KeyError, match="valid policys are"):
         build_policy("no-such-policy", {}, None)
+
+
+def test_node_warmer_holds_a_node_until_each_distinct_entry_is_warm():
+    from malleparsl.executors.warmup import NodeWarmer, warm_entry
+
+    subs, posted, clock = [], [], Clock()
+
+    def submit(node, func, *args):
+        fut = Future()
+        subs.append((node, func, args, fut))
+        return fut
+
+    w = NodeWarmer(submit=submit, post=posted.append, timeout_s=10, clock=clock)
+    assert not w.start("n1", [])  # nothing to warm: usable at once
+    assert w.start("n1", [entry, entry, spec_from_options])  # two distinct entries
+    assert [(s[0], s[1], s[2]) for s in subs] == [("n1", warm_entry, (entry,)),
+                                                    ("n1", warm_entry, (spec_from_options,))]
+    subs[0][3].set_result(1)
+    subs[1][3].set_exception(RuntimeError("import failed"))  # a failed warm-up does not block
+    assert [w.done(*p[1:]) for p in posted] == [False, True] and not w.warming("n1")
+    assert not w.start("n1", [entry])  # already warm for that code
+    assert w.start("n2", [entry]) and w.expired() == []
+    clock.t += 11
+    assert w.expired() == ["n2"] and not w.warming("n2")
+    w.forget("n1")
+    assert w.start("n1", [entry])  # a reused name starts cold

@@ -204,3 +204,12 @@ def test_event_log_integrates_to_the_samples_trained(workload):
     t = np.r_[r.events["time_s"].to_numpy(), r.end_s]
     area = float((np.diff(t) * r.events["samples_per_s"].to_numpy()).sum())
     assert area == pytest.approx(r.samples, rel=1e-9)
+
+
+def test_jobs_queued_behind_a_full_cap_do_not_trigger_replans():
+    trace = trace_from_fragments([("n1", 0, 1000)])
+    jobs = [job("a"), job("b", submit=100), job("c", submit=200)]
+    capped = simulate(trace, jobs, policy="greedy", options=SimOptions(max_active=1))
+    assert capped.replans == 1
+    free = simulate(trace, jobs, policy="greedy", options=SimOptions(max_active=None))
+    assert free.replans == 3

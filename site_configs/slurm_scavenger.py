@@ -21,6 +21,7 @@ from malleparsl.executors.executor import MalleableExecutor
 from parsl.config import Config
 from parsl.launchers import SimpleLauncher
 
+from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
 from malleparsl.scavenger.slurm import SlurmScavenger
@@ -63,7 +64,10 @@ def slurm_scavenger_config(
     address : where workers reach the interchange (default: HTEX's own guess; 127.0.0.1 for
         a local Slurm).
     run : the shell runner for Slurm commands (tests point it at a private cluster).
-    scavenger_options : more :class:`SlurmScavenger` arguments (``claim_timeout_s``, ...).
+    scavenger_options : more :class:`SlurmScavenger` arguments (``claim_timeout_s``,
+        ``return_after_s``, ...). By default the scavenger holds only as many nodes as the
+        unfinished jobs can use (their ``max_nodes`` summed, up to ``node_cap``) and returns
+        unused surplus nodes after ``return_after_s`` (30 s).
     **executor_options : passed to :class:`MalleableExecutor` (``policy``, ``ckpt_root``,
         ``warm_modules``, heartbeats, ...).
 
@@ -109,5 +113,27 @@ def slurm_scavenger_config(
     if address is not None:
         options["address"] = address
     options.update(executor_options)
+    executor = MalleableExecutor(**options)
+    # hold only as many nodes as the jobs can use, and give the rest back (unless told how)
+    if source.demand is None:
+        source.demand = lambda: jobs_demand(executor)
+    if source.in_use is None:
+        source.in_use = lambda: nodes_in_use(executor)
     extra: dict[str, Any] = {"run_dir": run_dir} if run_dir is not None else {}
-    return Config(executors=[MalleableExecutor(**options)], strategy="none", **extra)
+    return Config(executors=[executor], strategy="none", **extra)
+
+
+def jobs_demand(executor: Any) -> int | None:
+    """Nodes the executor's unfinished malleable jobs could use (their ``max_nodes`` summed);
+    None (= up to the cap) before the control loop exists."""
+    control = getattr(executor, "control", None)
+    if control is None:
+        return None
+    jobs = control.controller.jobs.values()
+    return sum(js.spec.max_nodes for js in jobs if js.status is not JobStatus.DONE)
+
+
+def nodes_in_use(executor: Any) -> set[str]:
+    """Nodes the controller has given to jobs (never returned while in use)."""
+    control = getattr(executor, "control", None)
+    return set(control.controller.allocation.used_nodes) if control is not None else set()

@@ -165,12 +165,15 @@ class PilotScavenger(NodeSource):
         cooldown_s: float = 30.0,
         retake_after_s: float = 3.0,
         min_idle_s: float = 0.0,
+        return_after_s: float = 30.0,
+        demand: Callable[[], int | None] | None = None,
+        in_use: Callable[[], set[str]] | None = None,
         run: Runner | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
         for name, v in (("query_period_s", query_period_s), ("claim_timeout_s", claim_timeout_s),
                         ("cooldown_s", cooldown_s), ("retake_after_s", retake_after_s),
-                        ("min_idle_s", min_idle_s)):
+                        ("min_idle_s", min_idle_s), ("return_after_s", return_after_s)):
             if v < 0:
                 raise SpecError(f"{name} must be >= 0 seconds, got {v!r}")
         self.provider = provider
@@ -182,6 +185,10 @@ class PilotScavenger(NodeSource):
         self.cooldown_s = cooldown_s
         self.retake_after_s = retake_after_s
         self.min_idle_s = min_idle_s
+        self.return_after_s = return_after_s
+        self.demand = demand
+        self.in_use = in_use
+        self._surplus_since: float | None = None
         self.run = run or provider.run
         self.wall_clock = wall_clock or time.time
         self.held: dict[str, _Held] = {}
@@ -211,7 +218,9 @@ class PilotScavenger(NodeSource):
             self._last_query = wall
             try:
                 events += self._check_pilots(now_s, wall)
-                events += self._discover(now_s, wall)
+                want = self._wanted()
+                events += self._return_surplus(now_s, wall, want)
+                events += self._discover(now_s, wall, want)
             except SchedulerCommandError as exc:  # a busy scheduler must not stop training
                 log.warning("scheduler query failed; will retry next poll: %s", exc)
         return events
@@ -293,8 +302,39 @@ class PilotScavenger(NodeSource):
         self.cooldown_until[node] = wall + self.retake_after_s
 
     # ---- discovery ----------------------------------------------------------------------
-    def _discover(self, now_s: float, wall: float) -> list[NodeEvent]:
-        room = self.node_cap - len(self.held)
+    def _wanted(self) -> int:
+        """How many nodes to hold: the cap, or fewer when ``demand()`` says the jobs need fewer."""
+        want = self.demand() if self.demand is not None else None
+        return self.node_cap if want is None else max(0, min(self.node_cap, int(want)))
+
+    def _return_surplus(self, now_s: float, wall: float, want: int) -> list[NodeEvent]:
+        """Give back nodes no job needs: after ``return_after_s`` of surplus, report the
+        unused ones ``taken`` so the executor releases their pilots (queued pilots first)."""
+        surplus = len(self.held) - want
+        if surplus <= 0:
+            self._surplus_since = None
+            return []
+        if self._surplus_since is None:
+            self._surplus_since = wall
+        if wall - self._surplus_since < self.return_after_s:
+            return []
+        used = self.in_use() if self.in_use is not None else set()
+        spare = sorted((h for h in self.held.values() if h.node not in used),
+                       key=lambda h: (h.running_wall is not None, -h.announced_wall))
+        events = []
+        for h in spare[:surplus]:
+            log.info("returning node %s: the jobs need %d nodes, %d held", h.node, want,
+                     len(self.held))
+            self.provider.unpin(h.node)
+            del self.held[h.node]
+            self.cooldown_until[h.node] = wall + self.cooldown_s
+            events.append(NodeEvent("taken", h.node, now_s))
+        self._surplus_since = None
+        return events
+
+    def _discover(self, now_s: float, wall: float, want: int | None = None) -> list[NodeEvent]:
+        cap = self.node_cap if want is None else want
+        room = cap - len(self.held)
         if room <= 0:
             return []
         fresh = [n for n in self.idle_now()

@@ -63,6 +63,12 @@ class SlurmScavenger(PilotScavenger):
         A node we released is not announced again for this long.
     min_idle_s : float
         Skip nodes the scheduler will want back sooner than this.
+    demand : callable, optional
+        ``demand() -> int | None``: nodes the jobs could use; hold no more than that (None or
+        no callable: up to the cap). Surplus nodes not in ``in_use()`` are returned (reported
+        ``taken``, so the executor releases their pilots) after ``return_after_s``.
+    in_use : callable, optional
+        ``in_use() -> set of nodes`` that jobs hold now; those are never returned.
     """
 
     provider: ScavengingSlurmProvider

@@ -1,6 +1,6 @@
 """End to end on the live Slurm: a malleable digits job scavenges the idle nodes, is preempted
 by a high-priority job, shrinks from its checkpoint, grows back when the nodes return, and
-finishes with one result.
+finishes with one result; then the scavenger gives every pilot back.
 
 The cluster has 8 nodes; a long "facility" job holds 3 of them in ``main``, so 5 are idle and
 the training job (max 8 nodes) scavenges all 5. A 3-node job then arrives in ``main``: Slurm
@@ -62,7 +62,8 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         run_dir=str(tmp_path / "runinfo"), ckpt_root=str(tmp_path / "ckpt"),
         heartbeat_period=1, heartbeat_threshold=5, poll_period_s=0.2,
         warm_modules=("torch", "torch.distributed"),
-        scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0},
+        scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0,
+                           "return_after_s": 2.0},
     )
     from slurm_e2e_app import train_logged
 
@@ -107,6 +108,11 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         _wait(lambda: any(r[0] > t_back and r[2] == 5 for r in _log(log_path)), 120,
               "training on 5 nodes again")
         result = fut.result(timeout=240)
+        # no job wants nodes any more: the scavenger gives every pilot back to Slurm
+        t_done = time.time()
+        _wait(lambda: not slurm.run("squeue -h -p scavenger -o %i").stdout.split(), 60,
+              "the pilots to be returned")
+        returned_s = time.time() - t_done
     finally:
         dfk.cleanup()
         parsl.clear()
@@ -122,4 +128,5 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     assert 5 in sizes[:small] and sizes[-1] == 5 and max(sizes) == 5, sizes
     assert {r[3] for r in rows} == set(range(700))  # every step ran (some twice, none lost)
     print(f"\npreemption -> training again on the survivors: {resume_s:.2f} s; "
-          f"steps redone: {redone}; segment sizes: {sizes}")
+          f"steps redone: {redone}; segment sizes: {sizes}; pilots returned {returned_s:.1f} s "
+          "after the job finished")

@@ -236,3 +236,24 @@ def test_submit_to_node_pins_that_node_and_consumes_its_announcement(fake):
     assert prov.node_of(job) == announced[1]
     rest = [prov.node_of(prov.submit("true", 1, "parsl.t")) for _ in range(2)]
     assert rest == [announced[0], announced[2]]  # the FIFO skipped the node taken by name
+
+
+def test_holds_only_what_jobs_need_and_returns_unused_surplus(fake):
+    f, prov = fake
+    clock = [1000.0]
+    want = [2]
+    src = SlurmScavenger(provider=prov, query_period_s=0, wall_clock=lambda: clock[0],
+                         demand=lambda: want[0], in_use=lambda: {"n01"}, return_after_s=10,
+                         cooldown_s=100)
+    assert [e.node for e in src.poll(0.0)] == ["n01", "n02"]  # 2 wanted, 4 idle, cap 3
+    jobs = [_submit(f, prov) for _ in range(2)]
+    want[0] = 0  # the jobs finished (n01 still listed in use, e.g. a rank stopping)
+    assert src.poll(1.0) == []  # surplus seen; wait return_after_s before giving back
+    clock[0] += 11
+    back = src.poll(2.0)
+    assert [(e.kind, e.node) for e in back] == [("taken", "n02")]  # n01 is in use: kept
+    clock[0] += 1
+    assert src.poll(3.0) == []  # nothing announced while no job wants nodes
+    want[0] = None  # unknown demand: up to the cap again (n02 rests in its cooldown)
+    assert {e.node for e in src.poll(4.0)} == {"n03", "n04"}
+    assert prov.node_of(jobs[1]) == "n02"

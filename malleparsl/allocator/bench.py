@@ -176,7 +176,7 @@ def run_bench(
     cells: str = DEFAULT_CELLS,
     repeats: int = 10,
     time_limit_s: float = 5.0,
-    node_time_limit_s: float = 20.0,
+    node_time_limit_s: float = 10.0,
     node_repeats: int = 1,
     node_max_binaries: int = 200_000,
     seed: int = 0,
@@ -321,7 +321,7 @@ def bench_allocator(
     cells: str = typer.Option(DEFAULT_CELLS, help="Comma-separated policy[:solver]."),
     repeats: int = typer.Option(10, help="Random instances per size."),
     time_limit_s: float = typer.Option(5.0, help="Solver time limit of the count MILPs."),
-    node_time_limit_s: float = typer.Option(20.0, help="Solver time limit of milp-node."),
+    node_time_limit_s: float = typer.Option(10.0, help="Solver time limit of milp-node."),
     node_repeats: int = typer.Option(1, help="Instances for milp-node above 64 nodes."),
     ends: str = typer.Option(
         "none", help="'summit': give nodes idle ends drawn from the Summit trace (milp-horizon)."

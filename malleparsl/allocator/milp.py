@@ -36,7 +36,7 @@ from malleparsl.allocator.base import (
 )
 from malleparsl.allocator.countmodel import OptionTable, build_options, horizon_objective
 from malleparsl.allocator.objective import check_inputs
-from malleparsl.allocator.placement import fallback_counts, node_horizons, place
+from malleparsl.allocator.placement import fallback_counts, longest_first, node_horizons, place
 from malleparsl.allocator.reduction import Reduction, net_use, reduce_options
 from malleparsl.allocator.solvers import SolveResult, check_solver_options, solve
 from malleparsl.errors import SpecError
@@ -151,10 +151,21 @@ class MilpPolicy(AllocationPolicy):
             key=lambda i: (table.level[i], -table.hold[i]),
         )
         order = [jobs[int(table.job[i])].job_id for i in grow_rows]
-        alloc = place(snapshot, jobs, counts, horizons=horizons, grow_order=order)
+        node_order = longest_first(snapshot.nodes, horizons)
+        alloc = place(
+            snapshot, jobs, counts, horizons=horizons, grow_order=order, node_order=node_order
+        )
         if self.horizon and self.max_levels == 1:
-            alloc = _revert_short_growers(snapshot, jobs, full, counts, order, alloc, horizons)
-            keep = place(snapshot, jobs, fallback_counts(snapshot, jobs), horizons=horizons)
+            alloc = _revert_short_growers(
+                snapshot, jobs, full, counts, order, alloc, horizons, node_order
+            )
+            keep = place(
+                snapshot,
+                jobs,
+                fallback_counts(snapshot, jobs),
+                horizons=horizons,
+                node_order=node_order,
+            )
             mine = horizon_objective(snapshot, jobs, alloc.assignment, horizons)
             if horizon_objective(snapshot, jobs, keep.assignment, horizons) > mine + 1e-9 * abs(
                 mine
@@ -209,6 +220,7 @@ def _revert_short_growers(
     order: list[str],
     alloc: Allocation,
     horizons: dict,
+    node_order: list,
 ) -> Allocation:
     """One-pool horizon model: undo growth that the nodes actually placed do not repay.
 
@@ -219,14 +231,17 @@ def _revert_short_growers(
     rounds with every remaining growth worth at least what the job could get without growing.
     """
     by_id = {j.job_id: (ji, j) for ji, j in enumerate(jobs)}
+    nongrow = np.flatnonzero(table.level < 0)
+    best_rows = nongrow[np.lexsort((-table.value[nongrow], table.job[nongrow]))]
+    first = np.concatenate(([True], table.job[best_rows][1:] != table.job[best_rows][:-1]))
+    alt_of = dict(zip(table.job[best_rows[first]].tolist(), best_rows[first].tolist()))
     for _ in range(len(jobs)):
         worst = None
         for job in order:
             ji, j = by_id[job]
             added = alloc.nodes_of(job) - j.current
             c, k = len(j.current), counts[job]
-            rows = np.flatnonzero((table.job == ji) & (table.level < 0))
-            alt = int(rows[np.argmax(table.value[rows])])
+            alt = alt_of[ji]
             r = j.curve.rate
             lasts = min(horizons[n] for n in added)
             if np.isfinite(j.spec.total_samples) and r(k) > 0:
@@ -242,7 +257,9 @@ def _revert_short_growers(
         _, job, size = worst
         counts[job] = size
         order = [o for o in order if o != job]
-        alloc = place(snapshot, jobs, counts, horizons=horizons, grow_order=order)
+        alloc = place(
+            snapshot, jobs, counts, horizons=horizons, grow_order=order, node_order=node_order
+        )
     return alloc
 
 
@@ -271,7 +288,9 @@ def _fallback(snapshot: ClusterSnapshot, jobs: Sequence[JobView], horizons: dict
 
 
 def _milp_horizon(**options: object) -> MilpPolicy:
+    # an approximate model anyway: stopping within 0.01 % of its optimum saves most solves
     options.setdefault("horizon", True)
+    options.setdefault("mip_gap", 1e-4)
     return MilpPolicy(**options)  # type: ignore[arg-type]
 
 

@@ -25,7 +25,7 @@ from malleparsl.model import Allocation, NodeId
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fallback_counts", "node_horizons", "place"]
+__all__ = ["fallback_counts", "longest_first", "node_horizons", "place"]
 
 
 def node_horizons(
@@ -55,7 +55,8 @@ def node_horizons(
     return out
 
 
-def _longest_first(nodes: object, horizons: Mapping[NodeId, float]) -> list[NodeId]:
+def longest_first(nodes: object, horizons: Mapping[NodeId, float]) -> list[NodeId]:
+    """Nodes sorted longest-lived first (ties by name): the order growth draws from."""
     return sorted(nodes, key=lambda n: (-horizons.get(n, 0.0), n))  # type: ignore[call-overload]
 
 
@@ -66,11 +67,14 @@ def place(
     *,
     horizons: Mapping[NodeId, float] | None = None,
     grow_order: Sequence[str] | None = None,
+    node_order: Sequence[NodeId] | None = None,
 ) -> Allocation:
     """Map ``counts`` (job id -> node count; missing means 0) to concrete nodes.
 
     ``grow_order`` lists growing jobs most-demanding first (default: the order of ``jobs``).
-    Raises :class:`SpecError` if the counts need more nodes than the snapshot has.
+    ``node_order`` may pass the snapshot's nodes already sorted longest-lived first (saves the
+    sort when placing many times). Raises :class:`SpecError` if the counts need more nodes
+    than the snapshot has.
     """
     hz = horizons if horizons is not None else node_horizons(snapshot)
     total = sum(int(counts.get(j.job_id, 0)) for j in jobs)
@@ -90,9 +94,12 @@ def place(
             if k > len(cur):
                 growers.append(j)
         else:
-            kept[j.job_id] = _longest_first(cur, hz)[:k]
+            kept[j.job_id] = longest_first(cur, hz)[:k]
     taken = {n for nodes in kept.values() for n in nodes}
-    pool = _longest_first(usable - taken, hz)
+    if node_order is None:
+        pool = longest_first(usable - taken, hz)
+    else:
+        pool = [n for n in node_order if n not in taken]
     if grow_order is not None:
         rank = {job: i for i, job in enumerate(grow_order)}
         growers.sort(key=lambda j: rank.get(j.job_id, len(rank)))

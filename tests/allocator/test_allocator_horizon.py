@@ -73,7 +73,7 @@ def test_default_horizon_makes_unknown_nodes_attractive_when_asked():
 def test_nested_horizon_model_is_optimal_for_its_objective_on_tiny_instances(inst):
     snap, jobs = inst
     hz = node_horizons(snap)
-    alloc = make_policy("milp-horizon", max_levels=8).allocate(snap, jobs)
+    alloc = make_policy("milp-horizon", max_levels=8, mip_gap=1e-7).allocate(snap, jobs)
     assert feasibility_problems(snap, jobs, alloc) == []
     best, _ = brute_force(snap, jobs, score=lambda s, j, a: horizon_score(s, j, a, hz))
     assert horizon_score(snap, jobs, alloc, hz) == pytest.approx(best, rel=1e-6, abs=1e-6)
@@ -84,7 +84,7 @@ def test_nested_horizon_model_is_optimal_for_its_objective_on_tiny_instances(ins
 def test_without_known_ends_milp_horizon_equals_milp(inst):
     snap, jobs = inst
     a = make_policy("milp").allocate(snap, jobs)
-    b = make_policy("milp-horizon").allocate(snap, jobs)
+    b = make_policy("milp-horizon", mip_gap=1e-7).allocate(snap, jobs)
     assert allocation_objective(snap, jobs, b) == pytest.approx(
         allocation_objective(snap, jobs, a), rel=1e-6, abs=1e-6
     )

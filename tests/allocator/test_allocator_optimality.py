@@ -24,7 +24,7 @@ def _score(policy, snap, jobs):
 
 
 def _close(a, b):
-    return a == pytest.approx(b, rel=1e-6, abs=1e-6)
+    return a == pytest.approx(b, rel=2e-6, abs=1e-6)  # mip_gap is 1e-6 of the bound
 
 
 @FAST

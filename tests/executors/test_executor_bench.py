@@ -1,0 +1,38 @@
+"""``malleparsl bench executor`` runs end to end (tiny sizes) and prints the contract's keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_bench_executor_json_has_the_figures(tmp_path):
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    cmd = [sys.executable, "-m", "malleparsl.cli", "bench", "executor", "--json", "--nodes", "1",
+           "--tasks", "50", "--rounds", "1", "--rescales", "0", "--no-train"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("noop_tasks_per_s", "htex_noop_tasks_per_s", "ratio_vs_htex", "rescale_median_s"):
+        assert key in out
+    assert out["noop_tasks_per_s"] > 0 and out["htex_noop_tasks_per_s"] > 0
+    assert out["ratio_vs_htex"] == pytest.approx(out["noop_tasks_per_s"] / out["htex_noop_tasks_per_s"])
+    assert out["rescale_median_s"] is None  # --rescales 0
+
+
+def test_bench_executor_rejects_bad_sizes(tmp_path):
+    from typer.testing import CliRunner
+
+    from malleparsl.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "executor", "--tasks", "0"])
+    assert res.exit_code != 0
+    assert "--tasks must be >= 1" in str(res.exception)

@@ -45,25 +45,37 @@ def _colours(keys: Sequence[str]) -> dict[str, Any]:
     return {k: cmap(i % 20) for i, k in enumerate(keys)}
 
 
-def throughput_series(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def throughput_series(samples: Sequence[Sample], *, bin_s: float = 0.0
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(t, samples/s, bound)``: progress rate summed over jobs, and the linear bound.
 
     The rate is the growth of each job's trained-sample count between samples (a restart that
-    rolls back counts as 0). The bound gives every ready node the best per-node rate any
-    segment measured: what perfect scaling without pauses would reach.
+    rolls back counts as 0), averaged over bins of ``bin_s`` seconds when given. The bound
+    gives every ready node the best per-node rate any segment measured: what perfect scaling
+    without pauses or start-up costs would reach.
     """
     per_node = max((r / len(s.running[j]) for s in samples for j, r in s.rates.items()
                     if s.running.get(j)), default=0.0)
-    t, rate, bound = [], [], []
+    t, grow, dts, ready = [], [], [], []
     for a, b in zip(samples, samples[1:]):
         dt = b.t - a.t
         if dt <= 0:
             continue
-        grow = sum(max(0.0, b.samples[j] - a.samples.get(j, b.samples[j])) for j in b.samples)
         t.append(a.t)
-        rate.append(grow / dt)
-        bound.append(per_node * len(a.ready))
-    return np.asarray(t), np.asarray(rate), np.asarray(bound)
+        grow.append(sum(max(0.0, b.samples[j] - a.samples.get(j, b.samples[j]))
+                        for j in b.samples))
+        dts.append(dt)
+        ready.append(len(a.ready) * dt)
+    t_, g, d, r = (np.asarray(x, float) for x in (t, grow, dts, ready))
+    if bin_s > 0 and len(t_):
+        edges = np.arange(t_[0], t_[-1] + d[-1] + bin_s, bin_s)
+        idx = np.clip(np.digitize(t_, edges) - 1, 0, len(edges) - 2)
+        dsum = np.bincount(idx, weights=d, minlength=len(edges) - 1)
+        ok = dsum > 0
+        gsum = np.bincount(idx, weights=g, minlength=len(edges) - 1)[ok]
+        rsum = np.bincount(idx, weights=r, minlength=len(edges) - 1)[ok]
+        return edges[:-1][ok], gsum / dsum[ok], per_node * rsum / dsum[ok]
+    return t_, (g / d if len(d) else g), per_node * (r / d if len(d) else r)
 
 
 def plot_nodes_timeline(samples: Sequence[Sample], job_trial: Mapping[str, str], path: Path) -> Path:
@@ -119,13 +131,13 @@ def plot_trial_sizes(samples: Sequence[Sample], job_trial: Mapping[str, str], pa
 
 def plot_throughput(samples: Sequence[Sample], path: Path) -> Path:
     plt = _plt()
-    t, rate, bound = throughput_series(samples)
+    t, rate, bound = throughput_series(samples, bin_s=2.0)
     fig, ax = plt.subplots(figsize=(10, 3.5))
     if len(t):
         ax.fill_between(t, bound, step="post", color="0.85", label="upper bound (linear scaling)")
         ax.step(t, rate, where="post", lw=1, label="measured")
     ax.set_xlabel("seconds")
-    ax.set_ylabel("samples/s")
+    ax.set_ylabel("samples/s (2 s bins)")
     ax.set_title("Aggregate training throughput against the upper bound")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -80,6 +80,8 @@ def test_recorder_node_seconds_and_report_from_synthetic_samples(tmp_path):
     assert rec.node_seconds() == (pytest.approx(1.0), pytest.approx(1 + 4))
     t, rate, bound = throughput_series(rec.samples)
     assert rate.tolist() == [100.0, 0.0] and bound.tolist() == [200.0, 200.0]
+    t, rate, bound = throughput_series(rec.samples, bin_s=10)  # one bin: 100 samples in 3 s
+    assert rate.tolist() == pytest.approx([100 / 3]) and bound.tolist() == [200.0]
     table = TrialsTable([TrialRow(stage="s", trial_id="t0", job_id="s-t0-r0",
                                   metrics={"accuracy": 0.97}, status="stopped")])
     events = [TrialEvent(0.0, "submitted", "s", "t0", 0, "s-t0-r0")]

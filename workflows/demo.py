@@ -253,5 +253,8 @@ def demo(
                   f"{summary['node_seconds_used']} idle {summary['node_seconds_idle']}  wall "
                   f"{summary['wall_s']} s  ({summary['mode']})")
     console.print(f"report: {Path(out).resolve() / 'report.html'}")
+    if (summary["best_accuracy"] or 0.0) < 0.95:
+        console.print("[yellow]the best trial stayed below 0.95 test accuracy; try more trials "
+                      "(--trials) or another --seed[/yellow]")
     if summary["best_accuracy"] is None or summary["lost_runs"] or summary["stages_failed"]:
         raise typer.Exit(code=1)

@@ -11,7 +11,7 @@ from malleparsl.workflows.demo import DemoSettings, run_demo
 
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 class LeaveWhileTraining(NodeSource):

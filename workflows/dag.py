@@ -141,7 +141,15 @@ class TrialStage(Stage):
                                budget=sug.budget, config=dict(sug.config), parent=sug.parent,
                                started_s=time.time())
                 rows.append(row)
-                row.job_id, row.ckpt_dir, fut = runner.submit(self.name, sug)
+                try:
+                    row.job_id, row.ckpt_dir, fut = runner.submit(self.name, sug)
+                except Exception as exc:  # noqa: BLE001 - recorded like a failed trial
+                    log.error("stage %s: trial %s could not be submitted: %r", self.name,
+                              sug.trial_id, exc)
+                    row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
+                    row.finished_s = time.time()
+                    sched.fail(sug)
+                    continue
                 running[fut] = (sug, row)
             if not running:
                 if sched.done:

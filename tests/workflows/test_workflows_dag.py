@@ -149,3 +149,17 @@ def test_results_table_saves_csv_and_best_checkpoint(tmp_path):
     assert sorted(df["config.x"]) == [1, 3, 7]
     doc = json.loads(paths["best"].read_text())
     assert doc["config"] == {"x": 7} and doc["checkpoint"].endswith("ckpt-5.pt")
+
+
+def test_a_trial_that_cannot_be_submitted_is_recorded_as_failed():
+    class Refuses(ThreadTrialRunner):
+        def _submit(self, stage, s, job_id, ckpt_dir):
+            if s.config["x"] == 1:
+                raise RuntimeError("executor is down")
+            return super()._submit(stage, s, job_id, ckpt_dir)
+
+    wf = Workflow()
+    wf.add(TrialStage("s", fixed(1, 2)))
+    res = wf.run(Refuses(lambda cfg, b: {"accuracy": cfg["x"]}), timeout_s=30)
+    assert [(r.config["x"], r.status) for r in res.table.rows] == [(1, "failed"), (2, "stopped")]
+    assert "executor is down" in res.table.failed()[0].error

@@ -134,7 +134,11 @@ class MilpPolicy(AllocationPolicy):
             chosen: list[int] | None = [int(remap[i]) for i in red.incumbent]
             self.last_result = SolveResult("optimal", 0.0, red.lower, "proved by the LP bound")
         else:
-            chosen = self._solve(table, len(jobs))
+            start = None
+            if red is not None:
+                remap = np.cumsum(red.keep) - 1
+                start = [int(remap[i]) for i in red.incumbent]
+            chosen = self._solve(table, len(jobs), start)
         if red is not None:  # the reduction's feasible choice, if the solver did worse
             remap = np.cumsum(red.keep) - 1
             mine = [int(remap[i]) for i in red.incumbent]
@@ -173,8 +177,13 @@ class MilpPolicy(AllocationPolicy):
                 return keep
         return alloc
 
-    def _solve(self, table: OptionTable, n_jobs: int) -> list[int] | None:
-        """Row index of the chosen option per job, or ``None`` without a usable solution."""
+    def _solve(
+        self, table: OptionTable, n_jobs: int, start: list[int] | None = None
+    ) -> list[int] | None:
+        """Row index of the chosen option per job, or ``None`` without a usable solution.
+
+        ``start`` (one row per job, feasible) is handed to the solver as a first solution.
+        """
         prob = pulp.LpProblem("malleparsl_counts", pulp.LpMaximize)
         y = [prob.add_variable(f"y{i}", 0, 1, cat=pulp.LpBinary) for i in range(len(table))]
         # scale the objective to O(1000): HiGHS warns about (and handles worse) costs of 1e6+
@@ -199,6 +208,7 @@ class MilpPolicy(AllocationPolicy):
             time_limit_s=self.time_limit_s,
             mip_gap=self.mip_gap,
             threads=self.threads,
+            start=None if start is None else {f"y{i}": 1.0 for i in start},
         )
         self.last_result = res
         if not res.has_solution:

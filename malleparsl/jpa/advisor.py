@@ -45,6 +45,9 @@ from malleparsl.model import Allocation, JobSpec, ScalingCurve
 
 log = logging.getLogger(__name__)
 
+MIN_NOISE_DOF = 5
+"""Repeated readings (degrees of freedom) needed before the pooled monitor noise is trusted."""
+
 
 def profile_key(spec: JobSpec) -> str | None:
     """Jobs with the same key share a prior: ``meta['profile_key']``, else the model name."""
@@ -65,13 +68,13 @@ class JobProfilingAdvisor(CurveAdvisor):
         self,
         *,
         kappa: float = 1.0,
-        explore_factor: float | None = None,
+        explore_factor: float | None = 4.0,
         default_noise: float = 0.05,
         probe_timeout_s: float = 900.0,
         probe_share: float = 0.02,
         max_probe_frac: float = 0.1,
         stable_tol: float = 0.03,
-        min_obs: int = 2,
+        min_obs: int = 1,
         max_obs: int = 4,
         warmup_obs: int = 1,
         window: int = 16,
@@ -107,6 +110,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         self.finished: dict[str, dict] = {}  # job -> summary, for reports
         self.decisions: dict[tuple[str, int], list[float]] = {}  # (job, size) -> [w, w*pred]
         self._last_now: float | None = None
+        self._noise: float | None = None
+        self._noise_sums: tuple[float, int] = (0.0, 0)  # of finished jobs
         self._alloc_since = 0.0
         self._last_pred: dict[str, np.ndarray] = {}
         self._order = 0
@@ -130,6 +135,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         self._last_pred.pop(job_id, None)
         if rec is None:
             return
+        a, b = rec.noise_sums()
+        self._noise_sums = (self._noise_sums[0] + a, self._noise_sums[1] + b)
         est = rec.estimate(max(rec.spec.max_nodes, 1), default_noise=self.default_noise)
         if est is not None and rec.measured_sizes:
             key = profile_key(rec.spec)
@@ -156,9 +163,19 @@ class JobProfilingAdvisor(CurveAdvisor):
     # ---- classification -----------------------------------------------------------------
     def predictable(self, rec: JobRecord) -> bool:
         """The rule's split: a stable rate at some size, or a curve given / inherited."""
-        return rec.prior is not None or bool(
-            rec.stable_sizes(tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs)
-        )
+        return rec.prior is not None or bool(rec.stable_sizes(
+            tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs, noise=self._noise))
+
+    def monitor_noise(self) -> float | None:
+        """The monitor's relative noise, pooled over every job's repeated readings so far.
+
+        None until there are ``MIN_NOISE_DOF`` degrees of freedom to go on.
+        """
+        num, dof = self._noise_sums
+        for rec in self.records.values():
+            a, b = rec.noise_sums()
+            num, dof = num + a, dof + b
+        return math.sqrt(num / dof) if dof >= MIN_NOISE_DOF else None
 
     def probe_requests(self) -> dict[str, int]:
         """Jobs to run at exactly this many nodes now, most urgent (least served) first."""
@@ -172,6 +189,7 @@ class JobProfilingAdvisor(CurveAdvisor):
     ) -> list[JobView]:
         now = snapshot.now_s
         self._account(now, allocation)
+        self._noise = self.monitor_noise()
         recs = []
         for js in jobs:
             if js.spec.job_id not in self.records:
@@ -198,7 +216,10 @@ class JobProfilingAdvisor(CurveAdvisor):
 
     def planning_curve(self, rec: JobRecord, n_tab: int) -> ScalingCurve | None:
         """``min(mean + kappa sigma, linear bound)``; flat past ``explore_factor`` x explored."""
-        est = rec.estimate(n_tab, default_noise=self.default_noise)
+        hit = rec.plan_cache.get(n_tab)
+        if hit is not None and hit[0] == rec.version:
+            return hit[1]
+        est = rec.estimate(max(rec.spec.max_nodes, n_tab), default_noise=self.default_noise)
         if est is None:
             return None
         self._last_pred[rec.job_id] = est.mean
@@ -209,11 +230,13 @@ class JobProfilingAdvisor(CurveAdvisor):
             limit = int(min(n_tab, max(math.floor(self.explore_factor * top), top + 1)))
         n = np.arange(1, n_tab + 1)
         per_node = self._per_node(rec, est)
-        ucb = np.minimum(est.mean[1:] + self.kappa * est.sigma[1:], per_node * n)
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + self.kappa * est.sigma[1 : n_tab + 1], per_node * n)
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:
             plan[limit:] = plan[limit - 1]
-        return ScalingCurve(tuple(int(k) for k in n), tuple(float(v) for v in plan), name=rec.job_id)
+        curve = ScalingCurve(tuple(int(k) for k in n), tuple(float(v) for v in plan), name=rec.job_id)
+        rec.plan_cache[n_tab] = (rec.version, curve)
+        return curve
 
     # ---- internals ----------------------------------------------------------------------
     def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
@@ -225,14 +248,17 @@ class JobProfilingAdvisor(CurveAdvisor):
         return 0.0 if est is None else float(np.max(est.mean[1:] / np.arange(1, est.n_max + 1)))
 
     def _spec_with_pauses(self, rec: JobRecord) -> JobSpec:
+        key = (len(rec.pauses["up"]), len(rec.pauses["down"]))
+        if rec.spec_cache is not None and rec.spec_cache[0] == key:
+            return rec.spec_cache[1]
         up, down = rec.rescale_cost("up"), rec.rescale_cost("down")
-        if up is None and down is None:
-            return rec.spec
-        return dataclasses.replace(
+        spec = rec.spec if up is None and down is None else dataclasses.replace(
             rec.spec,
             rescale_up_s=rec.spec.rescale_up_s if up is None else up,
             rescale_down_s=rec.spec.rescale_down_s if down is None else down,
         )
+        rec.spec_cache = (key, spec)
+        return spec
 
     def _account(self, now: float, allocation: Allocation) -> None:
         """Integrate node-seconds held since the last call (service, probes, decisions)."""
@@ -269,7 +295,8 @@ class JobProfilingAdvisor(CurveAdvisor):
                 continue
             if p.started_s is None and allocation.size(rec.job_id) == p.size:
                 p.started_s = self._alloc_since  # the replan that placed it
-            if rec.stable(p.size, tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs):
+            if rec.stable(p.size, tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs,
+                          noise=self._noise):
                 log.info("job %r: probe at %d nodes done", rec.job_id, p.size)
                 rec.probe = None
             elif (p.started_s is not None

@@ -25,7 +25,7 @@ import numpy as np
 from malleparsl.jpa.estimate import CurveEstimate, merge, pooled_noise, scaled_prior
 from malleparsl.jpa.estimate import estimate as fit_estimate
 from malleparsl.jpa.models import Samples
-from malleparsl.model import JobSpec
+from malleparsl.model import JobSpec, ScalingCurve
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ class JobRecord:
     pauses: dict[str, list[float]] = field(default_factory=lambda: {"up": [], "down": []})
     ran_ns: dict[int, float] = field(default_factory=dict)  # size -> node-seconds held at it
     _cache: tuple[tuple[int, int, float], CurveEstimate] | None = None
+    plan_cache: dict[int, tuple[int, ScalingCurve]] = field(default_factory=dict)
+    spec_cache: tuple[tuple[int, int], JobSpec] | None = None
 
     @property
     def job_id(self) -> str:
@@ -98,19 +100,42 @@ class JobRecord:
         self.pauses[kind].append(float(pause_s))
         return True
 
-    def stable(self, n: int, *, tol: float, min_obs: int, max_obs: int) -> bool:
-        """Whether the rate at ``n`` nodes is measured well enough to end a probe there."""
+    def stable(
+        self, n: int, *, tol: float, min_obs: int, max_obs: int, noise: float | None = None
+    ) -> bool:
+        """Whether the rate at ``n`` nodes is measured well enough to end a probe there.
+
+        ``noise`` is the monitor's relative noise learned from all jobs (None if unknown): with
+        it, one reading can suffice; this size's own spread counts when it is larger.
+        """
         x = self.obs.get(n)
         if not x or len(x) < min_obs:
             return False
         if len(x) >= max_obs:
             return True
         a = np.asarray(x)
-        sem = float(np.std(a, ddof=1)) / math.sqrt(a.size)
-        return sem <= tol * float(np.mean(a))
+        mean = float(np.mean(a))
+        own = float(np.std(a, ddof=1)) if a.size >= 2 else None
+        if own is None and noise is None:
+            return False
+        sd = max(own or 0.0, (noise or 0.0) * mean)
+        return sd / math.sqrt(a.size) <= tol * mean
 
-    def stable_sizes(self, *, tol: float, min_obs: int, max_obs: int) -> list[int]:
-        return [n for n in self.obs if self.stable(n, tol=tol, min_obs=min_obs, max_obs=max_obs)]
+    def stable_sizes(
+        self, *, tol: float, min_obs: int, max_obs: int, noise: float | None = None
+    ) -> list[int]:
+        return [n for n in self.obs
+                if self.stable(n, tol=tol, min_obs=min_obs, max_obs=max_obs, noise=noise)]
+
+    def noise_sums(self) -> tuple[float, int]:
+        """(sum of squared relative deviations, degrees of freedom) over repeated readings."""
+        num, dof = 0.0, 0
+        for x in self.obs.values():
+            if len(x) >= 2:
+                a = np.asarray(x)
+                num += float(np.sum((a / a.mean() - 1.0) ** 2))
+                dof += a.size - 1
+        return num, dof
 
     @property
     def measured_sizes(self) -> list[int]:

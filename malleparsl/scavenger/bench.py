@@ -108,8 +108,10 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
         ckpt_root=str(workdir / "ckpt"), heartbeat_period=1, heartbeat_threshold=5,
         poll_period_s=0.1, policy=KeepAndFillPolicy(), warm_modules=("torch.distributed",),
         worker_init=f"export PATH={os.path.dirname(sys.executable)}:$PATH",
-        scavenger_options={"retake_after_s": 0.5, "claim_timeout_s": 60.0},
+        scavenger_options={"claim_timeout_s": 60.0},
     )
+    parsl_log = logging.getLogger("parsl")
+    propagate, parsl_log.propagate = parsl_log.propagate, False  # keep Parsl's DEBUG off stderr
     dfk = parsl.load(cfg)
     trials: list[dict[str, float]] = []
     try:
@@ -157,6 +159,7 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
     finally:
         dfk.cleanup()
         parsl.clear()
+        parsl_log.propagate = propagate
     return trials
 
 

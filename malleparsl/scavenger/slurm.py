@@ -81,17 +81,25 @@ class SlurmScavenger(PilotScavenger):
             )
         super().__init__(provider=provider, **options)
         self.partition = provider.partition
+        self._planned_state: set[str] = set()
 
     def idle_now(self) -> list[str]:
         part = f" -p {self.partition}" if self.partition else ""
-        return idle_nodes(parse_sinfo_nodes(check(self.run, f"sinfo -h -N{part} -o '%N|%T'")))
+        states = parse_sinfo_nodes(check(self.run, f"sinfo -h -N{part} -o '%N|%T'"))
+        self._planned_state = {n for n, st in states.items() if st == "planned"}
+        return idle_nodes(states)
 
     def idle_end_estimates(self, nodes: list[str], wall: float) -> dict[str, float]:
         start = self.run(f"{_EPOCH}squeue -h -t PD --start -o '%i|%S|%Y'")
         resv = self.run(f"{_EPOCH}scontrol show reservation -o")
         planned = parse_squeue_start(start.stdout) if start.returncode == 0 else []
         reservations = parse_reservations(resv.stdout) if resv.returncode == 0 else []
-        return idle_ends(nodes, planned, reservations, now=wall)
+        ends = idle_ends(nodes, planned, reservations, now=wall)
+        # a node Slurm shows "planned" is kept for a pending job; if that job's start cannot
+        # be found (e.g. it is about to start on nodes it is preempting), treat it as needed now
+        for n in self._planned_state & set(nodes):
+            ends.setdefault(n, wall)
+        return ends
 
     def pilot_states(self, job_ids: list[str]) -> dict[str, PilotState] | None:
         # unknown (purged) ids make squeue complain, but it still lists the others

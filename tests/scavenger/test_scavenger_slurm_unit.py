@@ -257,3 +257,14 @@ def test_holds_only_what_jobs_need_and_returns_unused_surplus(fake):
     want[0] = None  # unknown demand: up to the cap again (n02 rests in its cooldown)
     assert {e.node for e in src.poll(4.0)} == {"n03", "n04"}
     assert prov.node_of(jobs[1]) == "n02"
+
+
+def test_planned_node_without_a_known_start_is_not_taken(fake):
+    """Regression: during a preemption Slurm shows the victims' nodes "planned" for the
+    preemptor before squeue --start lists it; announcing them made the executor re-add a node
+    it still held."""
+    f, prov = fake
+    f.nodes = {"n01": "planned", "n02": "planned", "n03": "idle"}
+    f.start = "9|1500|n02\n"
+    src = SlurmScavenger(provider=prov, query_period_s=0, wall_clock=lambda: 1000.0)
+    assert [(e.node, e.end_s) for e in src.poll(0.0)] == [("n03", None), ("n02", 500.0)]

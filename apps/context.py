@@ -122,8 +122,10 @@ class TrainContext:
     Options read from the job's malleable options (``RankInfo.options``): ``seed`` (0),
     ``device`` ("auto" | "cpu" | "cuda"), ``micro_batch`` (None), ``ckpt_interval_s`` (30),
     ``ckpt_every_steps`` (None), ``ckpt_keep`` (3), ``progress_interval_s`` (1),
-    ``pg_timeout_s`` (120), ``torch_threads`` (None: torch's default), ``deterministic`` (True),
-    ``total_samples`` (None).
+    ``pg_timeout_s`` (120), ``torch_threads`` (None: torch's default; use 1 when several
+    emulated nodes share a machine), ``deterministic`` (True), ``total_samples`` (None),
+    ``pace_s_per_sample`` (0: for demos and tests, each rank sleeps this long per local sample
+    every step, emulating a heavier model that scales perfectly).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class TrainContext:
         cuda = torch.cuda.is_available() and want in ("auto", "cuda")
         self.device = torch.device(f"cuda:{int(self.options.get('local_rank', 0))}" if cuda else "cpu")
         self.backend = "nccl" if cuda else "gloo"
+        self._threads_before = torch.get_num_threads()
         if self.options.get("torch_threads"):
             torch.set_num_threads(int(self.options["torch_threads"]))
         self._det_before = torch.are_deterministic_algorithms_enabled()
@@ -216,6 +219,7 @@ class TrainContext:
             except Exception as exc:  # a broken group may refuse a clean shutdown
                 log.debug("destroy_process_group failed: %s", exc)
         torch.use_deterministic_algorithms(self._det_before)
+        torch.set_num_threads(self._threads_before)
         self.store = None
 
     # -- collectives ----------------------------------------------------------------------
@@ -417,6 +421,7 @@ class TrainContext:
         if not self._begun:
             self.restore()
         self._last_ckpt = time.monotonic()
+        pace = float(self.options.get("pace_s_per_sample", 0.0))
         while self.step < total_steps:
             self.check_stop()
             if self.step and self._periodic_checkpoint_due():
@@ -424,6 +429,8 @@ class TrainContext:
             if self.first_step_time is None:
                 self.first_step_time = time.time()
             yield Step(self, self.step, self.sampler)
+            if pace:  # emulate a heavier model: compute time proportional to local samples
+                time.sleep(pace * self.local_batch)
             self._after_step(global_batch)
         self.publish_progress()
 

@@ -89,7 +89,7 @@ class MalleableApp(PythonApp):
 
     def local(self, *args: Any, ckpt_dir: str | None = None, **kwargs: Any) -> Any:
         """Run the training function in this process at size 1 (no Parsl, no executor)."""
-        return self.entry.local(*args, ckpt_dir=ckpt_dir, **kwargs)
+        return self.entry.local(*args, ckpt_dir=ckpt_dir, options=self.malleable, **kwargs)
 
 
 def malleable_app(

@@ -91,10 +91,19 @@ class RankEntry:
     def __call__(self, rank_info: RankInfo, *args: Any, **kwargs: Any) -> SegmentOutcome:
         return run_rank(rank_info, self.user_fn, *args, **kwargs)
 
-    def local(self, *args: Any, ckpt_dir: str | None = None, **kwargs: Any) -> Any:
-        """Run the training function here, at size 1, without Parsl (for debugging)."""
+    def local(
+        self,
+        *args: Any,
+        ckpt_dir: str | None = None,
+        options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run the training function here, at size 1, without Parsl (for debugging).
+
+        ``options`` are the malleable options the ranks would see (``torch_threads``, ...).
+        """
         kwargs.pop(RESOURCE_SPEC_KW, None)
-        ctx = TrainContext.local(ckpt_dir=ckpt_dir)
+        ctx = TrainContext.local(ckpt_dir=ckpt_dir, **(options or {}))
         try:
             return self.user_fn(ctx, *args, **kwargs)
         finally:

@@ -56,6 +56,10 @@ class ControlLoop:
         removes the node from the plan and releases its pilot after ``release_grace_s``.
     ckpt_root : str, optional
         Jobs checkpoint to ``<ckpt_root>/<job_id>`` unless their options give ``ckpt_dir``.
+    warm_nodes, warm_rehearse, warm_timeout_s
+        A node that becomes ready while jobs run first rehearses their entries (or, without
+        ``warm_rehearse``, imports them) and joins the plan after, so a grow does not pause
+        the job for a cold start; see :mod:`malleparsl.executors.warmup`.
     observe_replan_s : float
         New rate measurements trigger a replan at most this often (node and job events
         replan at once), so a learning advisor can act on what it learned.
@@ -75,6 +79,7 @@ class ControlLoop:
         store_host: str | None = None,
         warm_nodes: bool = True,
         warm_timeout_s: float = 120.0,
+        warm_rehearse: bool = True,
         release_grace_s: float = 10.0,
         fail_grace_s: float = 30.0,
         max_restarts: int = 10,
@@ -98,8 +103,9 @@ class ControlLoop:
         self.ckpt_root = ckpt_root or os.path.join(run_dir, "malleable_ckpt")
         self.store_host = store_host or "127.0.0.1"
         self.warm_nodes = warm_nodes
-        self._warmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put,
-                                  timeout_s=warm_timeout_s)
+        self.warm_timeout_s = warm_timeout_s
+        self.warm_rehearse = warm_rehearse
+        self._warmer: NodeWarmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put)
         self.release_grace_s = release_grace_s
         self.fail_grace_s = fail_grace_s
         self.max_restarts = max_restarts
@@ -128,6 +134,11 @@ class ControlLoop:
             timeout=datetime.timedelta(seconds=30), wait_for_workers=False,
         )
         self.store_port = self._store.port
+        self._warmer = NodeWarmer(
+            submit=self.executor.submit_to_node, post=self._queue_put, store=self._store,
+            store_host=self.store_host, store_port=self.store_port,
+            rehearse=self.warm_rehearse, timeout_s=self.warm_timeout_s,
+        )
         self.executor.add_node_listener(self._on_node_event)
         now = self.clock()
         ready = set(self.executor.ready_nodes())
@@ -250,8 +261,8 @@ class ControlLoop:
             _, event, node = ev
             if event == "ready":
                 self._releases.pop(node, None)
-                entries = [j.entry for j in self.jobs.values() if j.state.value != "done"]
-                if self.warm_nodes and self._warmer.start(node, entries):
+                active = [j for j in self.jobs.values() if j.state.value != "done"]
+                if self.warm_nodes and self._warmer.start(node, active):
                     return False  # joins the plan once warm: see malleparsl.executors.warmup
                 self._node_ready(node, now)
             elif event == "lost":
@@ -325,6 +336,7 @@ class ControlLoop:
     def _tick(self) -> bool:
         now = self.clock()
         dirty = False
+        self._warmer.poll()
         for node in self._warmer.expired():
             if node in self.executor.ready_nodes():
                 self._node_ready(node, now)

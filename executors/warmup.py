@@ -1,25 +1,34 @@
 """Warm a new node for the jobs that may grow onto it, *before* the controller may use it.
 
 A rescale pauses the whole job from the moment its ranks are told to stop until the new
-segment takes its first step. On a node whose worker has never run the job's code, that pause
-would include importing the user's modules (torch, torchvision, scikit-learn, the model file:
-seconds, tens of seconds on a busy login node). So when a node becomes ready, the control loop
-first runs :func:`warm_entry` there for every distinct entry of the active jobs — unpickling an
-entry imports its module and everything that module imports; an entry with a ``warm()`` method
-is also asked to warm itself — and only then offers the node to the controller. The running
-jobs keep training meanwhile; the node simply joins the plan a few seconds later. A warm-up
-that fails or exceeds ``timeout_s`` does not hold the node back.
+segment takes its first step. On a worker that has never run the job's code, that pause would
+include everything a process does the first time: importing the user's modules, loading the
+data, building the model, forming a process group, the first forward and backward pass
+(seconds, tens of seconds on a busy machine). So when a node becomes ready while jobs are
+active, the control loop first *rehearses* each distinct job entry there — a one-rank run of
+the real entry with a scratch checkpoint directory, under a private job id, stopped through
+the stop key right after its first step (:func:`rehearse_entry`) — and only then offers the
+node to the controller. Every segment re-runs the user's function from the top anyway, so a
+rehearsal does nothing a rescale would not. The running jobs keep training meanwhile; the node
+joins the plan a few seconds later. ``rehearse=False`` only unpickles the entry (imports its
+modules) and calls its ``warm()`` method if it has one (:func:`warm_entry`). A warm-up that
+fails or exceeds ``timeout_s`` does not hold the node back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
 
 from malleparsl.model import NodeId
 
@@ -43,6 +52,27 @@ def warm_entry(entry: Any) -> int:
     return os.getpid()
 
 
+def rehearse_entry(
+    entry: Any, info: RankInfo, args: tuple = (), kwargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Runs on a worker: one rank of ``entry`` in a scratch checkpoint directory.
+
+    The control loop stops it through ``stop_key(info.job_id)`` once its first progress record
+    appears; the scratch directory is removed afterwards.
+    """
+    scratch = tempfile.mkdtemp(prefix="malleparsl-rehearsal-")
+    t0 = time.perf_counter()
+    try:
+        info = dataclasses.replace(
+            info, ckpt_dir=scratch, options={**info.options, "ckpt_dir": scratch}
+        )
+        out = entry(info, *args, **(kwargs or {}))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"pid": os.getpid(), "seconds": time.perf_counter() - t0,
+            "status": getattr(out, "status", None)}
+
+
 def entry_key(entry: Any) -> tuple[str, str]:
     """Entries that share code need one warm-up: key by the wrapped function's module and name."""
     fn = getattr(entry, "user_fn", entry)
@@ -55,6 +85,7 @@ class _Warming:
     pending: int
     deadline_s: float
     entries: set[tuple[str, str]] = field(default_factory=set)
+    rehearsals: dict[str, float] = field(default_factory=dict)  # private job id -> stop-by time
 
 
 class NodeWarmer:
@@ -66,8 +97,14 @@ class NodeWarmer:
         ``submit(node, func, *args) -> Future`` (the executor's ``submit_to_node``).
     post : callable
         Hands ``("warmed", node, future)`` to the control loop when a warm-up task ends.
+    store : torch.distributed.Store, optional
+        The control loop's store; with ``store_host``/``store_port`` it enables rehearsals.
+    rehearse : bool
+        Rehearse entries (default) rather than only import them.
     timeout_s : float
         After this long a node joins the plan even if its warm-up has not finished.
+    rehearsal_stop_s : float
+        A rehearsal that has not reported progress by then is told to stop anyway.
     """
 
     def __init__(
@@ -75,37 +112,76 @@ class NodeWarmer:
         *,
         submit: Callable[..., Future],
         post: Callable[[tuple], None],
+        store: Any = None,
+        store_host: str = "",
+        store_port: int = 0,
+        rehearse: bool = True,
         timeout_s: float = 120.0,
+        rehearsal_stop_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.submit = submit
         self.post = post
+        self.store = store
+        self.store_host = store_host
+        self.store_port = store_port
+        self.rehearse = rehearse and store is not None
         self.timeout_s = timeout_s
+        self.rehearsal_stop_s = rehearsal_stop_s
         self.clock = clock
         self._nodes: dict[NodeId, _Warming] = {}
-        self.warmed: dict[NodeId, set[tuple[str, str]]] = {}  # what each node has imported
+        self.warmed: dict[NodeId, set[tuple[str, str]]] = {}  # what each node has run
 
-    def start(self, node: NodeId, entries: Iterable[Any]) -> bool:
-        """Submit warm-ups for the entries ``node`` has not seen; True if the node must wait."""
+    def start(self, node: NodeId, jobs: Iterable[Any]) -> bool:
+        """Warm ``node`` for the jobs' entries it has not run; True if the node must wait.
+
+        ``jobs`` are objects with ``job_id``, ``entry``, ``args``, ``kwargs`` and ``options``
+        (the control loop's :class:`~malleparsl.executors.driver.MalleableJob`).
+        """
+        if node in self._nodes:
+            return True
         seen = self.warmed.setdefault(node, set())
-        todo = {}
-        for e in entries:
-            todo.setdefault(entry_key(e), e)
-        todo = {k: e for k, e in todo.items() if k not in seen}
-        if not todo or node in self._nodes:
-            return node in self._nodes
-        self._nodes[node] = _Warming(len(todo), self.clock() + self.timeout_s, set(todo))
-        for key, e in todo.items():
+        todo: dict[tuple[str, str], Any] = {}
+        for job in jobs:
+            if entry_key(job.entry) not in seen:
+                todo.setdefault(entry_key(job.entry), job)
+        if not todo:
+            return False
+        w = _Warming(len(todo), self.clock() + self.timeout_s, set(todo))
+        self._nodes[node] = w
+        for key, job in todo.items():
             try:
-                fut = self.submit(node, warm_entry, e)
+                fut = self._submit_one(node, job, w)
             except Exception as exc:
                 log.warning("warm-up of %s for %s not submitted: %r", node, key, exc)
                 fut = Future()
                 fut.set_exception(exc)
             fut.add_done_callback(lambda f, n=node: self.post(("warmed", n, f)))
-        log.info("node %s: warming %d entr%s before use", node, len(todo),
+        log.info("node %s: %s %d entr%s before use", node,
+                 "rehearsing" if self.rehearse else "warming", len(todo),
                  "y" if len(todo) == 1 else "ies")
         return True
+
+    def _submit_one(self, node: NodeId, job: Any, w: _Warming) -> Future:
+        if not self.rehearse:
+            return self.submit(node, warm_entry, job.entry)
+        private = f"{job.job_id}.rehearsal.{node}"
+        w.rehearsals[private] = self.clock() + self.rehearsal_stop_s
+        info = RankInfo(
+            job_id=private, segment=0, rank=0, world_size=1, node=node, nodes=(node,),
+            store_host=self.store_host, store_port=self.store_port, ckpt_dir="",
+            options={**job.options, "job_id": private, "rehearsal": True},
+        )
+        return self.submit(node, rehearse_entry, job.entry, info, job.args, job.kwargs)
+
+    def poll(self) -> None:
+        """Stop each rehearsal once it has stepped (its first progress record is out)."""
+        now = self.clock()
+        for w in self._nodes.values():
+            for private, stop_by in list(w.rehearsals.items()):
+                if now >= stop_by or self.store.check([progress_key(private, 0)]):
+                    self.store.set(stop_key(private), "0")
+                    del w.rehearsals[private]
 
     def done(self, node: NodeId, fut: Future) -> bool:
         """One warm-up of ``node`` ended; True when the node may now join the plan."""

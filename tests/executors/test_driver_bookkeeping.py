@@ -277,6 +277,8 @@ def test_build_policy_pairs_the_jpa_with_its_advisor_and_defaults_to_the_placeho
 
 
 def test_node_warmer_holds_a_node_until_each_distinct_entry_is_warm():
+    from types import SimpleNamespace
+
     from malleparsl.executors.warmup import NodeWarmer, warm_entry
 
     subs, posted, clock = [], [], Clock()
@@ -286,17 +288,48 @@ def test_node_warmer_holds_a_node_until_each_distinct_entry_is_warm():
         subs.append((node, func, args, fut))
         return fut
 
-    w = NodeWarmer(submit=submit, post=posted.append, timeout_s=10, clock=clock)
+    def job(e, name="j"):
+        return SimpleNamespace(entry=e, job_id=name, args=(), kwargs={}, options={})
+
+    w = NodeWarmer(submit=submit, post=posted.append, rehearse=False, timeout_s=10, clock=clock)
     assert not w.start("n1", [])  # nothing to warm: usable at once
-    assert w.start("n1", [entry, entry, spec_from_options])  # two distinct entries
+    assert w.start("n1", [job(entry), job(entry), job(spec_from_options)])  # 2 distinct entries
     assert [(s[0], s[1], s[2]) for s in subs] == [("n1", warm_entry, (entry,)),
                                                     ("n1", warm_entry, (spec_from_options,))]
     subs[0][3].set_result(1)
     subs[1][3].set_exception(RuntimeError("import failed"))  # a failed warm-up does not block
     assert [w.done(*p[1:]) for p in posted] == [False, True] and not w.warming("n1")
-    assert not w.start("n1", [entry])  # already warm for that code
-    assert w.start("n2", [entry]) and w.expired() == []
+    assert not w.start("n1", [job(entry)])  # already warm for that code
+    assert w.start("n2", [job(entry)]) and w.expired() == []
     clock.t += 11
     assert w.expired() == ["n2"] and not w.warming("n2")
     w.forget("n1")
-    assert w.start("n1", [entry])  # a reused name starts cold
+    assert w.start("n1", [job(entry)])  # a reused name starts cold
+
+
+def test_rehearsal_runs_one_private_rank_and_is_stopped_after_its_first_progress():
+    from types import SimpleNamespace
+
+    from malleparsl.executors.protocol import progress_key
+    from malleparsl.executors.warmup import NodeWarmer, rehearse_entry
+
+    subs, store, clock = [], DictStore(), Clock()
+
+    def submit(node, func, *args):
+        subs.append((node, func, args))
+        return Future()
+
+    w = NodeWarmer(submit=submit, post=lambda ev: None, store=store, store_host="h",
+                   store_port=7, timeout_s=60, rehearsal_stop_s=20, clock=clock)
+    j = SimpleNamespace(entry=entry, job_id="j1", args=(3,), kwargs={"lr": 1}, options={"a": 1})
+    assert w.start("n5", [j])
+    ((node, func, (ent, info, args, kwargs)),) = subs
+    assert (node, func, ent, args, kwargs) == ("n5", rehearse_entry, entry, (3,), {"lr": 1})
+    assert (info.job_id, info.world_size, info.rank, info.nodes) == ("j1.rehearsal.n5", 1, 0, ("n5",))
+    assert info.options == {"a": 1, "job_id": "j1.rehearsal.n5", "rehearsal": True}
+    w.poll()
+    assert not store.check([stop_key("j1.rehearsal.n5")])  # still starting up
+    store.set(progress_key("j1.rehearsal.n5", 0), "{}")
+    w.poll()
+    assert store.get(stop_key("j1.rehearsal.n5")) == b"0"
+    assert stop_key("j1") not in store.data  # the real job is never touched

@@ -3,9 +3,10 @@
 The Job Profiling Advisor decides *which* unpredictable job to probe and at what size (least
 attained service first, within its budget; see :mod:`malleparsl.jpa.advisor`). This wrapper
 makes sure the probe really runs: it reserves the probe's nodes — the nodes the job already
-holds, then nodes nobody holds, then nodes taken from the jobs holding the most (one at a time,
-never below their minimum) — and hands the remaining nodes and jobs to the inner policy (the
-MILP by default). A probe that cannot be placed waits for the next event.
+holds, then nodes nobody holds, then nodes taken from the job whose rescale pause costs least
+(the lowest planned rate; one node at a time, never below its minimum) — and hands the
+remaining nodes and jobs to the inner policy (the MILP by default). A probe that cannot be
+placed waits for the next event.
 
 Registered as ``make_policy("jpa", advisor=..., inner="milp", **inner_options)``.
 """
@@ -111,14 +112,16 @@ def _take(
     chosen += pool[: size - len(chosen)]
     donors: dict[str, list[NodeId]] = {}
     if len(chosen) < size:
-        # take from the jobs holding most, never below their view's minimum, never from probes
+        # take from the job whose pause costs least (lowest planned rate now), never below its
+        # view's minimum, never from another probe
         spare = {
             j: len(h) - max(views[j].lo, 1)
             for j, h in holding.items()
             if j != job and j not in probing and len(h) > max(views[j].lo, 1)
         }
+        cost = {j: views[j].curve.rate(len(holding[j])) for j in spare}
         while len(chosen) < size and spare:
-            j = max(spare, key=lambda d: (spare[d], d))
+            j = min(spare, key=lambda d: (cost[d], d))
             node = sorted(holding[j] - set(donors.get(j, [])))[0]
             donors.setdefault(j, []).append(node)
             chosen.append(node)

@@ -1,0 +1,97 @@
+"""The JPA in the simulator (curves hidden) and the ProbeFirst wrapper on its own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
+from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
+from malleparsl.jpa.bench import SHAPES, curve_errors, run_comparison, shaped_curve, shaped_jobs
+from malleparsl.model import JobSpec, ScalingCurve
+from malleparsl.sim.setups import make_setup, setup_names
+from malleparsl.sim.workloads import synthetic_fragments
+from malleparsl.traces import trace_from_fragments
+
+
+class FixedProbes:
+    def __init__(self, probes):
+        self.probes = probes
+
+    def probe_requests(self):
+        return dict(self.probes)
+
+
+def view(job, nodes, per_node, hi=4):
+    curve = ScalingCurve.from_points({k: per_node * k for k in range(1, hi + 1)})
+    return JobView(JobSpec(job, max_nodes=hi), curve, frozenset(nodes))
+
+
+def test_probe_takes_free_nodes_first_then_from_the_cheapest_donor():
+    snap = ClusterSnapshot(now_s=0, nodes=("n0", "n1", "n2", "n3", "n4"))
+    jobs = [view("fast", {"n0", "n1"}, 100.0), view("slow", {"n2", "n3"}, 1.0),
+            JobView(JobSpec("u", max_nodes=4), ScalingCurve((1,), (1e-6,)), frozenset(), 2, 2)]
+    got = ProbeFirst(advisor=FixedProbes({"u": 2}), inner=make_policy("greedy")).allocate(snap, jobs)
+    assert got.nodes_of("u") == {"n4", "n2"}  # the free node, then one of the slow job's
+    assert got.nodes_of("fast") == {"n0", "n1"}
+
+
+def test_probe_that_cannot_be_placed_leaves_the_inner_answer_alone():
+    snap = ClusterSnapshot(now_s=0, nodes=("n0",))
+    jobs = [view("a", {"n0"}, 10.0),
+            JobView(JobSpec("u", max_nodes=4), ScalingCurve((1,), (1e-6,)), frozenset(), 2, 2)]
+    got = ProbeFirst(advisor=FixedProbes({"u": 2}), inner="greedy").allocate(snap, jobs)
+    assert got.size("u") == 0 and got.nodes_of("a") == {"n0"}
+
+
+def test_setups_are_registered_and_hide_curves():
+    names = setup_names()
+    assert {"milp+jpa", "milp+jpa-nopriors", "milp-linear", "jpa"} <= set(names)
+    pol, adv, hide = make_setup("milp+jpa")
+    assert isinstance(pol, ProbeFirst) and isinstance(adv, JobProfilingAdvisor) and hide
+    assert adv.warmup_obs == 0  # the simulator drops warm-up itself
+    _, lin, hide = make_setup("milp-linear")
+    assert not hide and type(lin).__name__ == "LinearFromOneNode"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_generated_shapes_are_what_they_claim(shape):
+    import numpy as np
+
+    c = shaped_curve(np.random.default_rng(1), shape, 64, shape)
+    r = c.rates_upto(64)
+    if shape == "two-node-drop":
+        assert r[2] < 2 * r[1]
+    if shape == "peaked":
+        assert r[64] < max(r)
+    assert all(math.isfinite(v) and v >= 0 for v in r)
+
+
+@pytest.mark.slow
+def test_jpa_with_hidden_curves_gets_close_to_the_oracle_on_generated_shapes():
+    # more nodes than jobs, so sizes (where linear scaling is wrong) matter; nobody finishes
+    frags = synthetic_fragments(n_nodes=32, duration_s=6 * 3600, mean_idle_s=4000,
+                                mean_busy_s=4000, seed=3)
+    tr = trace_from_fragments(frags, start_s=0.0, end_s=6 * 3600)
+    jobs = shaped_jobs(n_jobs=6, start_s=0.0, seed=5, max_nodes=32, mean_interarrival_s=60)
+    rows = {r["setup"]: r for r in run_comparison(
+        tr, jobs, setups=["milp", "milp+jpa-nopriors", "milp-linear", "equal-share"])}
+    jpa = rows["milp+jpa-nopriors"]
+    print({k: (round(v["pct_of_oracle"], 1), v.get("profiling_share")) for k, v in rows.items()})
+    assert jpa["pct_of_oracle"] >= 85.0
+    assert jpa["samples"] > rows["milp-linear"]["samples"]
+    assert jpa["samples"] > rows["equal-share"]["samples"]
+    assert jpa["profiling_share"] <= 0.05
+    assert jpa["mape_final"] <= 0.10
+
+
+def test_curve_errors_compare_against_the_truth():
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.9, max_nodes=8)
+    jpa.register(JobSpec("a", max_nodes=8), now_s=0)
+    for k in (1, 2, 4):
+        jpa.observe("a", k, truth.rate(k) * 1.05, now_s=k)  # 5 % high everywhere
+    jpa.records["a"].ran_ns.update({1: 10.0, 4: 10.0})
+    final, decision = curve_errors(jpa, {"a": truth})
+    assert final == pytest.approx(0.05, abs=0.02) and math.isnan(decision)

@@ -293,6 +293,14 @@ class ControlLoop:
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
+            for node in set(gone) & set(self.executor.ready_nodes()):
+                # a rank died there but the executor still counts the node: do not keep an
+                # unplanned pilot (a node source may offer the node again later)
+                log.warning("node %s lost a rank but is still registered; releasing it", node)
+                try:
+                    self.executor.release_node(node)
+                except Exception:
+                    log.exception("release of node %s failed", node)
         return True
 
     def _node_ready(self, node: NodeId, now: float) -> None:
@@ -372,7 +380,7 @@ class ControlLoop:
                 self.controller.observe(job_id, n_nodes=prog[0], samples_per_s=prog[1], now_s=now)
                 self._observed = True
             for rec in job.take_measured_rescales():
-                if rec.kind in ("up", "down"):
+                if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up
                     self.controller.observe_rescale(job_id, kind=rec.kind, pause_s=rec.pause_s)
         return dirty
 

@@ -333,3 +333,39 @@ def test_rehearsal_runs_one_private_rank_and_is_stopped_after_its_first_progress
     w.poll()
     assert store.get(stop_key("j1.rehearsal.n5")) == b"0"
     assert stop_key("j1") not in store.data  # the real job is never touched
+
+
+def test_rehearse_entry_runs_the_real_entry_in_a_scratch_dir_until_told_to_stop(
+    tmp_path, monkeypatch
+):
+    """In-process, with a real TCPStore and a one-rank gloo group (the synthetic entry)."""
+    import datetime
+    import tempfile
+    import threading
+    import time
+
+    dist = pytest.importorskip("torch.distributed")
+    from malleparsl.executors.protocol import RankInfo, progress_key
+    from malleparsl.executors.synthetic import synthetic_entry
+    from malleparsl.executors.warmup import rehearse_entry
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the scratch dir goes here
+
+    master = dist.TCPStore("127.0.0.1", 0, None, True,
+                           timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    info = RankInfo("j.rehearsal.n1", 0, 0, 1, "n1", ("n1",), "127.0.0.1", master.port,
+                    ckpt_dir="", options={"rehearsal": True})
+
+    def stopper():
+        deadline = time.monotonic() + 30
+        while not master.check([progress_key(info.job_id, 0)]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        master.set(stop_key(info.job_id), "0")
+
+    t = threading.Thread(target=stopper)
+    t.start()
+    out = rehearse_entry(synthetic_entry, info, (), {"steps": 10**6, "step_s": 0.01,
+                                                     "progress_every_s": 0.0})
+    t.join()
+    assert out["status"] == "stopped" and out["seconds"] < 30
+    assert list(tmp_path.iterdir()) == []  # the scratch checkpoint directory is gone

@@ -36,7 +36,7 @@ class DemoSettings:
     out: str = "report"
     quick: bool = False
     nas: bool = False
-    nodes: int = 5
+    nodes: int = 0  # 0: 3 with quick, else 5
     trials: int | None = None
     max_nodes: int = 3
     speed: float = 30.0
@@ -50,6 +50,8 @@ class DemoSettings:
     step_delay_s: float = 0.0  # seconds added to every training step (emulates a bigger model)
 
     def __post_init__(self) -> None:
+        if self.nodes == 0:
+            object.__setattr__(self, "nodes", 3 if self.quick else 5)
         if self.nodes < 1 or self.max_nodes < 1:
             raise SpecError(f"nodes ({self.nodes}) and max_nodes ({self.max_nodes}) must be >= 1")
         if self.trials is not None and self.trials < 2:
@@ -127,8 +129,12 @@ def make_source(s: DemoSettings) -> tuple[Any, dict[str, Any]]:
     return src, info
 
 
-def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -> dict[str, Any]:
-    """Run the demo; returns the summary (also written to ``<out>/summary.json``)."""
+def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
+             t_start: float | None = None) -> dict[str, Any]:
+    """Run the demo; returns the summary (also written to ``<out>/summary.json``).
+
+    ``wall_s`` counts from ``t_start`` (default: now) to the report written.
+    """
     import parsl
     from malleparsl.site_configs.local import local_config
 
@@ -138,7 +144,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None) -
     from .report_html import write_plots, write_summary
     from .timeline import Recorder
 
-    t_start = time.time()
+    t_start = time.time() if t_start is None else t_start
     out = Path(s.out).resolve()
     for stale in ("ckpt", "runinfo"):
         shutil.rmtree(out / stale, ignore_errors=True)
@@ -225,7 +231,8 @@ def demo(
     quick: bool = typer.Option(False, "--quick", help="A smaller sweep (about a minute)."),
     nas: bool = typer.Option(False, "--nas", help="Architecture search instead of HPO."),
     out: Path = typer.Option("report", "--out", help="Report folder."),  # noqa: B008
-    nodes: int = typer.Option(5, "--nodes", help="Summit nodes replayed as emulated nodes."),
+    nodes: int = typer.Option(0, "--nodes", help="Summit nodes replayed as emulated nodes "
+                              "(0: 3 with --quick, else 5)."),
     trials: int = typer.Option(0, "--trials", help="Trials in the search (0: 6 quick, 12 full)."),
     max_nodes: int = typer.Option(3, "--max-nodes", help="Largest size of one trial."),
     speed: float = typer.Option(30.0, "--speed", help="Trace seconds per wall second."),
@@ -236,6 +243,7 @@ def demo(
     seed: int = typer.Option(0, "--seed", help="Seeds the trace window and the search."),
 ) -> None:
     """Run an HPO (or NAS) sweep on emulated nodes that replay the Summit idle-node trace."""
+    t_start = time.time()
     from rich.console import Console
 
     console = Console()
@@ -246,7 +254,7 @@ def demo(
     for h in root.handlers:  # parsl.load() sets its logger to DEBUG; keep it off the console
         if h.level == logging.NOTSET:
             h.setLevel(root.level or logging.WARNING)
-    summary = run_demo(s, console=console)
+    summary = run_demo(s, console=console, t_start=t_start)
     console.print(f"[bold]best accuracy[/bold] {summary['best_accuracy']}  "
                   f"config {summary['best_config']}")
     console.print(f"trials {summary['trials']}  rescales {summary['rescales']}  node-s used "

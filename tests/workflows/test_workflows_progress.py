@@ -1,6 +1,7 @@
 """The live view's numbers come from the recorder's last sample and the runner's events."""
 
 import io
+import time
 
 from malleparsl.workflows.progress import ProgressView
 from malleparsl.workflows.runner import ThreadTrialRunner, TrialEvent
@@ -33,5 +34,10 @@ def test_state_counts_nodes_trials_and_best_and_renders_without_a_terminal():
         pass
     text = buf.getvalue()
     assert "nodes ready 3 used 2 idle 1" in text and "0.9100" in text and "s-t1-r0:2" in text
-    Console(file=io.StringIO(), width=120).print(view.render())  # the rich panel renders
+    live = io.StringIO()
+    term = ProgressView(recorder=rec, runner=runner, refresh_s=0.05,
+                        console=Console(file=live, force_terminal=True, width=120))
+    with term:  # the rich live panel on a terminal
+        time.sleep(0.3)
+    assert "s-t1-r0" in live.getvalue() and "## 2" in live.getvalue()
     runner.close()

@@ -248,15 +248,21 @@ class JobProfilingAdvisor(CurveAdvisor):
         return 0.0 if est is None else float(np.max(est.mean[1:] / np.arange(1, est.n_max + 1)))
 
     def _spec_with_pauses(self, rec: JobRecord) -> JobSpec:
-        key = (len(rec.pauses["up"]), len(rec.pauses["down"]))
+        """The spec with measured pauses: this job's median, else the spec's value, else (a
+        spec saying 0, i.e. no hint) the median over all jobs measured so far."""
+        key = (len(rec.pauses["up"]), len(rec.pauses["down"]),
+               len(self.pause_pool["up"]), len(self.pause_pool["down"]))
         if rec.spec_cache is not None and rec.spec_cache[0] == key:
             return rec.spec_cache[1]
-        up, down = rec.rescale_cost("up"), rec.rescale_cost("down")
-        spec = rec.spec if up is None and down is None else dataclasses.replace(
-            rec.spec,
-            rescale_up_s=rec.spec.rescale_up_s if up is None else up,
-            rescale_down_s=rec.spec.rescale_down_s if down is None else down,
-        )
+        given = {"up": rec.spec.rescale_up_s, "down": rec.spec.rescale_down_s}
+        best = {}
+        for kind in ("up", "down"):
+            own = rec.rescale_cost(kind)
+            pool = self.pause_pool[kind]
+            best[kind] = own if own is not None else (
+                given[kind] if given[kind] > 0 or not pool else float(np.median(pool[-256:])))
+        spec = rec.spec if best == given else dataclasses.replace(
+            rec.spec, rescale_up_s=best["up"], rescale_down_s=best["down"])
         rec.spec_cache = (key, spec)
         return spec
 

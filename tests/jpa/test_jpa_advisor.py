@@ -150,6 +150,20 @@ def test_measured_rescale_pauses_replace_the_specs():
     assert view.spec.rescale_up_s == 20.0 and view.spec.rescale_down_s == 3.0
 
 
+def test_a_job_without_pause_hints_inherits_the_pauses_measured_on_others():
+    jpa, ctl = make()
+    ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
+    ctl.submit(JobSpec("b", max_nodes=4, rescale_up_s=7.0), now_s=0)
+    ctl.replan(now_s=0)
+    ctl.observe_rescale("a", kind="up", pause_s=12.0)
+    ctl.observe_rescale("a", kind="down", pause_s=4.0)
+    ctl.submit(JobSpec("c", max_nodes=4), now_s=1)
+    ctl.replan(now_s=1)
+    views = {v.job_id: v for v in jpa.views(ctl.snapshot(2), ctl.active_jobs, ctl.allocation)}
+    assert (views["c"].spec.rescale_up_s, views["c"].spec.rescale_down_s) == (12.0, 4.0)
+    assert (views["b"].spec.rescale_up_s, views["b"].spec.rescale_down_s) == (7.0, 4.0)
+
+
 def test_similar_job_inherits_a_prior_and_skips_the_probe():
     jpa, ctl = make()
     ctl.submit(JobSpec("a", max_nodes=8, model="resnet"), now_s=0)

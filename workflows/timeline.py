@@ -62,7 +62,10 @@ class Recorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.sample()  # the final state
+        try:
+            self.sample()  # the final state
+        except Exception:  # the control thread may be mid-update; the last sample will do
+            log.debug("final recorder sample failed", exc_info=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -76,7 +76,7 @@ MessageTimeout={message_timeout}
 InactiveLimit=0
 Waittime=0
 NodeName=n[01-{n:02d}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{d_lo}-{d_hi}] CPUs=1 RealMemory=1000 State=UNKNOWN
-PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode=CANCEL MaxTime=INFINITE State=UP
+PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode={preempt_mode} MaxTime=INFINITE State=UP
 PartitionName=main Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 """
 
@@ -116,6 +116,7 @@ class LocalSlurm:
 
     nodes: int = 8
     kill_wait_s: int = 2
+    preempt_mode: str = "CANCEL"  # of the scavenger partition: CANCEL or REQUEUE
     slurmd_timeout_s: int = 10
     message_timeout_s: int = 5
     min_job_age_s: int = 300
@@ -125,6 +126,8 @@ class LocalSlurm:
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 64:
             raise SpecError(f"nodes must be in 1..64 for a local Slurm, got {self.nodes!r}")
+        if self.preempt_mode not in ("CANCEL", "REQUEUE"):
+            raise SpecError(f"preempt_mode must be CANCEL or REQUEUE, got {self.preempt_mode!r}")
         self._procs: list[subprocess.Popen] = []
         self._own_dir = self.workdir is None
         self.dir = Path(self.workdir or tempfile.mkdtemp(prefix="mp-slurm-"))
@@ -141,6 +144,7 @@ class LocalSlurm:
             _CONF.format(
                 tag=base, host=socket.gethostname().split(".")[0], ctld_port=base,
                 d=self.dir, n=self.nodes, d_lo=base + 1, d_hi=base + self.nodes,
+                preempt_mode=self.preempt_mode,
                 kill_wait=self.kill_wait_s, slurmd_timeout=self.slurmd_timeout_s,
                 message_timeout=self.message_timeout_s, min_job_age=self.min_job_age_s,
             )

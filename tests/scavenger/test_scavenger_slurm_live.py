@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
 
 from malleparsl.errors import SpecError
+from malleparsl.scavenger.localslurm import LocalSlurm
 from malleparsl.scavenger.slurm import SlurmScavenger
 from malleparsl.scavenger.slurm_parse import expand_hostlist
 from malleparsl.scavenger.slurm_provider import NodeCapError, ScavengingSlurmProvider
@@ -133,3 +135,23 @@ def test_refuses_nonpreemptible_partition_unless_allowed(slurm, tmp_path):
     allowed.pin("n01")
     job = allowed.submit("sleep 5", 1, "parsl.test")
     assert slurm.run(f"squeue -h -j {job} -o %P").stdout.strip() == "main"
+
+
+def test_requeued_pilots_are_cancelled_and_reported_taken(slurm_cluster, tmp_path):
+    """A site whose scavenger partition requeues preempted jobs: the requeued pilot must not
+    sit in the queue holding a claim; it is cancelled and its node reported taken."""
+    with LocalSlurm(nodes=4, preempt_mode="REQUEUE") as slurm:
+        prov = _provider(slurm, tmp_path, node_cap=4)
+        src = SlurmScavenger(provider=prov, query_period_s=0.3)
+        jobs = {prov.submit("sleep 600", 1, "parsl.test"): e.node for e in src.poll(0.0)}
+        _poll_until(src, lambda ev: len(_running_nodes(slurm, list(jobs))) == 4)
+        requeue = slurm.run("scontrol show partition scavenger -o").stdout
+        assert "PreemptMode=REQUEUE" in requeue
+        shutil.rmtree(tmp_path / "preempt", ignore_errors=True)  # test the squeue path only
+        prov.signal_dir = str(tmp_path / "unused")
+        slurm.sbatch("-p main -N 2 -t 1 -J hp", "sleep 30")
+        taken = _poll_until(src, lambda ev: len([e for e in ev if e.kind == "taken"]) >= 2)
+        lost = [j for j, n in jobs.items() if n in {e.node for e in taken}]
+        time.sleep(0.5)
+        states = slurm.run(f"squeue -h -t all -j {','.join(lost)} -o %T").stdout.split()
+        assert states and all(s == "CANCELLED" for s in states), states  # not left requeued

@@ -45,7 +45,8 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
             raise SpecError(
                 f"curve must be a list of [nodes, samples_per_s] pairs, got {curve!r}"
             ) from exc
-        ScalingCurve.from_points(dict(pairs))  # raises SpecError on a bad table
+        pairs.sort()
+        ScalingCurve(tuple(n for n, _ in pairs), tuple(r for _, r in pairs))  # SpecError if bad
         out["curve"] = [list(p) for p in pairs]
     total = out.get("total_samples")
     JobSpec(  # reuse the model's checks (bounds, pauses, totals) with their messages

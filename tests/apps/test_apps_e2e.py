@@ -1,0 +1,153 @@
+"""End to end through Parsl: @malleable_app on MalleableExecutor with emulated local nodes.
+
+One executor (3 emulated nodes from a ManualNodeSource) serves the module. The scenario test
+walks one real training job (the digits MLP, paced so that events land mid-training) through
+grow (a short job frees its node), shrink (a node is taken back by the source), and a node
+killed with SIGKILL mid-step; its loss trajectory must still equal an unrescaled in-process
+run within 1e-5, and its future must resolve once with that result. Then a user exception
+must fail its app future with the user's own traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import pytest
+
+parsl = pytest.importorskip("parsl")
+dist = pytest.importorskip("torch.distributed")
+
+from malleparsl.apps import malleable_app  # noqa: E402
+from malleparsl.apps.entry import RankEntry  # noqa: E402
+from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
+from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
+from malleparsl.executors.protocol import progress_key  # noqa: E402
+from malleparsl.site_configs.local import local_config  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+NODE_TIMEOUT_S = 300
+STEPS = 400
+WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.datasets")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    tmp = tmp_path_factory.mktemp("apps-e2e")
+    src = ManualNodeSource(nodes=["n0", "n1", "n2"])
+    dfk = parsl.load(local_config(
+        nodes=0, node_source=src, run_dir=str(tmp / "runinfo"), ckpt_root=str(tmp / "ckpt"),
+        warm_modules=WARM, poll_period_s=0.1,
+    ))
+    ex = dfk.executors["malleable"]
+    try:
+        ex.wait_for_nodes(3, NODE_TIMEOUT_S)
+        yield ex, src
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+
+
+def wait_for(cond, what, ex=None, timeout_s=NODE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            state = "" if ex is None else _describe(ex)
+            raise AssertionError(f"timed out waiting for {what}; {state}")
+        time.sleep(0.02)
+
+
+def _describe(ex) -> str:
+    c = ex.control
+    jobs = {
+        j: (jb.state.value, jb.segment and (jb.segment.index, jb.segment.nodes),
+            [(r.kind, r.from_size, r.to_size) for r in jb.rescales])
+        for j, jb in c.jobs.items()
+    }
+    return f"allocation {dict(c.controller.allocation.assignment)}, jobs {jobs}"
+
+
+def segment_of(ex, job_id):
+    job = ex.control.jobs.get(job_id)
+    return None if job is None else job.segment
+
+
+def step_of(ex, job_id) -> int:
+    """The job's last reported step in its current segment (-1 if none yet)."""
+    seg = segment_of(ex, job_id)
+    if seg is None or seg.last_progress_time is None:
+        return -1
+    key = progress_key(job_id, seg.index)
+    return json.loads(_client(ex).get(key))["step"]
+
+
+_clients: dict[int, object] = {}
+
+
+def _client(ex):
+    """Our own TCPStore client: the driver's store object belongs to the control thread."""
+    port = ex.control.store_port
+    if port not in _clients:
+        _clients[port] = dist.TCPStore("127.0.0.1", port, None, False,
+                                       timeout=datetime.timedelta(seconds=10))
+    return _clients[port]
+
+
+def running_at(ex, job_id, size, min_step=0):
+    """The job runs at ``size`` and its rank 0 has reported step >= ``min_step``."""
+    seg = segment_of(ex, job_id)
+    return seg is not None and len(seg.nodes) == size and step_of(ex, job_id) >= min_step
+
+
+def test_grow_shrink_kill_keeps_the_trajectory_and_resolves_once(live) -> None:
+    ex, src = live
+    baseline = RankEntry(train_mlp).local(total_steps=STEPS, dtype="float64",
+                                          options={"torch_threads": 1})
+    # a short, high-value job holds one node, so the long job starts at 2 and grows to 3
+    short = malleable_app(min_nodes=1, max_nodes=1, curve=[[1, 100.0]], torch_threads=1,
+                          pace_s_per_sample=5e-3)(train_mlp)
+    fs = short(total_steps=40, malleable_options={"job_id": "short"})
+    wait_for(lambda: running_at(ex, "short", 1), "the short job to start", ex)
+    app = malleable_app(min_nodes=1, max_nodes=3, curve=[[1, 1.0], [2, 2.0], [3, 3.0]],
+                        torch_threads=1, pace_s_per_sample=1e-3, ckpt_every_steps=20)(train_mlp)
+    fut = app(total_steps=STEPS, dtype="float64", malleable_options={"job_id": "long"})
+    done_calls = []
+    fut.add_done_callback(done_calls.append)
+
+    wait_for(lambda: segment_of(ex, "long") is not None, "the long job to start", ex)
+    assert len(segment_of(ex, "long").nodes) == 2  # the short job holds the third node
+    assert fs.result(timeout=NODE_TIMEOUT_S)["steps"] == 40
+    wait_for(lambda: running_at(ex, "long", 3, 1), "growth to 3 nodes", ex)
+    seg, at = segment_of(ex, "long"), step_of(ex, "long")
+    wait_for(lambda: running_at(ex, "long", 3, at + 10), "10 steps at 3 nodes", ex)
+    src.take(seg.nodes[-1])  # the source reclaims a node: shrink
+    wait_for(lambda: running_at(ex, "long", 2, 1), "shrink to 2 nodes", ex)
+    seg, at = segment_of(ex, "long"), step_of(ex, "long")
+    wait_for(lambda: running_at(ex, "long", 2, at + 25), "25 steps at 2 nodes", ex)
+    ex.kill_node(seg.nodes[1])  # SIGKILL mid-step: resume from the last checkpoint
+    result = fut.result(timeout=NODE_TIMEOUT_S)
+
+    assert result["steps"] == STEPS
+    got = [h["loss"] for h in result["history"]]
+    want = [h["loss"] for h in baseline["history"]]
+    assert len(got) == len(want) == STEPS
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    rescales = ex.control.jobs["long"].rescales
+    print("rescales:", [(r.kind, r.from_size, r.to_size, r.pause_s, r.ckpt_io_s) for r in rescales])
+    kinds = [r.kind for r in rescales]
+    assert "up" in kinds and "down" in kinds and "restart" in kinds, kinds
+    time.sleep(0.5)
+    assert len(done_calls) == 1
+
+
+def test_user_exception_fails_the_app_future_with_its_traceback(live) -> None:
+    ex, _ = live
+    app = malleable_app(min_nodes=1, max_nodes=3, curve=[[1, 1.0]], torch_threads=1)(train_mlp)
+    fut = app(total_steps=50, fail_at_step=7, malleable_options={"job_id": "buggy"})
+    with pytest.raises(ValueError, match="fail_at_step=7") as info:
+        fut.result(timeout=NODE_TIMEOUT_S)
+    assert "train_digits" in [tb.name for tb in info.traceback]

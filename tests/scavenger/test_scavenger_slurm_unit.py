@@ -268,3 +268,24 @@ def test_planned_node_without_a_known_start_is_not_taken(fake):
     f.start = "9|1500|n02\n"
     src = SlurmScavenger(provider=prov, query_period_s=0, wall_clock=lambda: 1000.0)
     assert [(e.node, e.end_s) for e in src.poll(0.0)] == [("n03", None), ("n02", 500.0)]
+
+
+@pytest.mark.parametrize("answer, ok", [
+    (CommandResult(0, "preempt|REQUEUE\n", ""), True),
+    (CommandResult(0, "normal|OFF\n", ""), False),
+    (CommandResult(1, "", "sacctmgr: error: Problem talking to the database"), False),
+])
+def test_qos_must_be_shown_preemptible_by_sacctmgr(answer, ok):
+    def run(cmd):
+        if cmd.startswith("sacctmgr"):
+            return answer
+        return FakeSlurm()(cmd)
+
+    prov = ScavengingSlurmProvider(qos="preempt", run=run)
+    if ok:
+        prov.check_preemptible()
+    else:
+        with pytest.raises(SpecError, match="cannot confirm that QOS 'preempt' is preemptible"):
+            prov.check_preemptible()
+    assert ScavengingSlurmProvider(qos="preempt", run=run, allow_nonpreemptible=True
+                                   ).check_preemptible() is None

@@ -89,8 +89,14 @@ class Recorder:
         rates: dict[str, float] = {}
         if ctl is not None:
             usable = frozenset(ctl.controller.nodes)
-            for job_id, job in list(ctl.jobs.items()):
-                nodes = tuple(job.nodes)
+            jobs = list(ctl.jobs.items())
+            # A job told to stop still occupies its nodes' workers until its ranks return; a
+            # job launched onto them meanwhile waits. Count each node for its actual occupant.
+            jobs.sort(key=lambda kv: getattr(kv[1], "state", None) != "stopping")
+            held: set[str] = set()
+            for job_id, job in jobs:
+                nodes = tuple(n for n in job.nodes if n not in held)
+                held.update(nodes)
                 if nodes:
                     running[job_id] = nodes
                     prog = self._progress(job_id, getattr(job.segment, "index", None))

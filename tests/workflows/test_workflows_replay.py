@@ -91,3 +91,18 @@ def test_recorder_node_seconds_and_report_from_synthetic_samples(tmp_path):
                  "throughput", "accuracies"):
         assert paths[name].stat().st_size > 0, name
     assert json.loads(paths["summary"].read_text())["best_accuracy"] == 0.97
+
+
+def test_recorder_counts_a_node_for_the_stopping_job_still_on_it():
+    """A job told to stop keeps its workers until its ranks return; the job launched onto the
+    same node meanwhile waits, so the node is not counted twice."""
+    from types import SimpleNamespace as NS
+
+    from malleparsl.executors.driver import JobState
+    from malleparsl.workflows.timeline import Recorder
+
+    ctl = NS(controller=NS(nodes={"a": None, "b": None}), store_port=None, jobs={
+        "new": NS(nodes=("a", "b"), state=JobState.RUNNING, segment=None),
+        "old": NS(nodes=("a",), state=JobState.STOPPING, segment=None)})
+    s = Recorder(executor=NS(ready_nodes=lambda: {"a", "b"}, control=ctl)).sample()
+    assert s.running == {"old": ("a",), "new": ("b",)} and s.used == {"a", "b"}

@@ -22,7 +22,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
@@ -31,7 +30,12 @@ from concurrent.futures import Future
 from typing import Any
 
 from malleparsl.executors.interchange import AFFINITY_KEY, CONTROL_KEY
-from malleparsl.executors.nodes import NodeTable, probe_node, tolerant_error_handler
+from malleparsl.executors.nodes import (
+    NodeTable,
+    local_process_groups,
+    probe_node,
+    tolerant_error_handler,
+)
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import ManagerLost
 from parsl.jobs.states import JobState, JobStatus
@@ -64,6 +68,8 @@ class MalleableExecutor(HighThroughputExecutor):
         rescale does not pay for the import.
     malleable : start the control loop (it imports torch and serves a TCPStore). ``False``
         gives a plain node-aware HTEX: ordinary apps and ``submit_to_node`` only.
+    probe_timeout_s : a node whose probe (including ``warm_modules``) has not answered this
+        long after its manager registered is released rather than waited on forever.
     **htex_kwargs : any other ``HighThroughputExecutor`` argument. Heartbeats default to a 2 s
         period and a 10 s threshold (HTEX: 30 s / 120 s): a lost node should be noticed quickly.
 
@@ -88,6 +94,7 @@ class MalleableExecutor(HighThroughputExecutor):
         ckpt_root: str | None = None,
         warm_modules: Sequence[str] = (),
         malleable: bool = True,
+        probe_timeout_s: float = 300.0,
         **htex_kwargs: Any,
     ) -> None:
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
@@ -117,6 +124,7 @@ class MalleableExecutor(HighThroughputExecutor):
         self.ckpt_root = ckpt_root
         self.warm_modules = tuple(warm_modules)
         self.malleable = malleable
+        self.probe_timeout_s = probe_timeout_s
         self.node_table = NodeTable()
         self.control: Any = None
         self._listeners: list[Listener] = []
@@ -231,14 +239,7 @@ class MalleableExecutor(HighThroughputExecutor):
         back to cancelling the pilot.
         """
         rec = self._require(name)
-        pgids = set()
-        if rec.info.get("hostname") == socket.gethostname() and rec.info.get("pgid"):
-            pgids.add(int(rec.info["pgid"]))
-        res = getattr(self.provider, "resources", {}).get(rec.job_id, {})
-        if isinstance(res, dict) and res.get("remote_pid"):
-            with contextlib.suppress(ProcessLookupError):
-                pgids.add(os.getpgid(int(res["remote_pid"])))
-        pgids.discard(os.getpgid(0))  # never ourselves
+        pgids = local_process_groups(rec, self.provider)
         if not pgids:
             log.warning("cannot SIGKILL node %s from here; cancelling its pilot instead", name)
             self._cancel_blocks([rec.block_id])
@@ -381,6 +382,10 @@ class MalleableExecutor(HighThroughputExecutor):
         self._adopt_unnamed(managers)
         for rec in to_probe:
             self._probe(rec)
+        for name in self.node_table.stuck_probing(self.probe_timeout_s):
+            log.error("node %s did not answer its probe in %.0f s; releasing it", name,
+                      self.probe_timeout_s)
+            self.release_node(name)
         self._emit(events)
 
     def _adopt_unnamed(self, managers: Sequence[dict]) -> None:

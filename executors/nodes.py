@@ -13,6 +13,7 @@ tested without processes. :func:`probe_node` is the task the executor runs on ev
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -42,6 +43,7 @@ class NodeRecord:
     state: NodeState = "pending"
     end_s: float | None = None  # when the node must be given back, if known
     added_at: float = field(default_factory=time.time)
+    registered_at: float | None = None
     ready_at: float | None = None
     manager_id: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # from probe_node: host, pids, pgid
@@ -79,6 +81,13 @@ class NodeTable:
     def records(self) -> list[NodeRecord]:
         with self._lock:
             return list(self._nodes.values())
+
+    def stuck_probing(self, timeout_s: float, now: float | None = None) -> list[NodeId]:
+        """Nodes whose probe has not answered ``timeout_s`` after registration."""
+        now = time.time() if now is None else now
+        with self._lock:
+            return [n for n, r in self._nodes.items() if r.state == "probing"
+                    and r.registered_at is not None and now - r.registered_at > timeout_s]
 
     def ready(self) -> set[NodeId]:
         with self._lock:
@@ -122,7 +131,7 @@ class NodeTable:
             rec = self._nodes.get(self._by_block.get(str(block_id), ""))
             if rec is None or rec.state != "pending":
                 return None
-            rec.state, rec.manager_id = "probing", manager_id
+            rec.state, rec.manager_id, rec.registered_at = "probing", manager_id, time.time()
             return rec
 
     def probed(self, name: NodeId, info: Mapping[str, Any]) -> list[tuple[str, NodeId]]:
@@ -188,6 +197,23 @@ def probe_node(warm_modules: Sequence[str] = ()) -> dict[str, Any]:
         "warm_s": time.perf_counter() - t0,
         "pool_id": os.environ.get("PARSL_WORKER_POOL_ID"),
     }
+
+
+def local_process_groups(rec: NodeRecord, provider: Any) -> set[int]:
+    """Process groups on this host that hold node ``rec``'s manager and workers.
+
+    From the probe (the worker's group, when it ran on this host) and from a provider that
+    records the pilot's pid (``LocalProvider``). Never the caller's own group.
+    """
+    pgids: set[int] = set()
+    if rec.info.get("hostname") == socket.gethostname() and rec.info.get("pgid"):
+        pgids.add(int(rec.info["pgid"]))
+    res = getattr(provider, "resources", {}).get(rec.job_id, {})
+    if isinstance(res, dict) and res.get("remote_pid"):
+        with contextlib.suppress(ProcessLookupError):
+            pgids.add(os.getpgid(int(res["remote_pid"])))
+    pgids.discard(os.getpgid(0))
+    return pgids
 
 
 def tolerant_error_handler(executor: Any, status: Mapping[str, Any]) -> None:

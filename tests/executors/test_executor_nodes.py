@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from malleparsl.executors.nodes import NodeTable, probe_node
+from malleparsl.executors.nodes import NodeTable, probe_node, tolerant_error_handler
 
 from malleparsl.errors import SpecError
 
@@ -87,3 +87,52 @@ def test_probe_reports_this_process_and_imports_modules():
     assert info["pid"] == os.getpid() and info["pgid"] == os.getpgid(0)
     with pytest.raises(ModuleNotFoundError):
         probe_node(("no_such_module_malleparsl",))
+
+
+def test_nodes_stuck_probing_are_reported_after_the_timeout():
+    t = NodeTable()
+    t.add("a", block_id="1", job_id="j", end_s=None)
+    t.add("b", block_id="2", job_id="k", end_s=None)
+    t.reconcile([mgr("1"), mgr("2")], [])
+    t.probed("b", {})
+    registered = t.get("a").registered_at
+    assert t.stuck_probing(60, now=registered + 30) == []
+    assert t.stuck_probing(60, now=registered + 61) == ["a"]  # b answered: not stuck
+
+
+class FakeExecutor:
+    def __init__(self, table: NodeTable) -> None:
+        self.node_table, self.bad = table, None
+
+    def set_bad_state_and_fail_all(self, exc: Exception) -> None:
+        self.bad = exc
+
+
+def _status(*states):
+    from parsl.jobs.states import JobStatus
+
+    return {str(i): JobStatus(s) for i, s in enumerate(states)}
+
+
+def test_error_handler_gives_up_only_when_no_pilot_ever_worked():
+    from parsl.jobs.states import JobState
+
+    ex = FakeExecutor(NodeTable())
+    tolerant_error_handler(ex, _status(JobState.FAILED, JobState.FAILED))
+    assert ex.bad is None  # fewer than three failures: keep trying
+    tolerant_error_handler(ex, _status(JobState.FAILED, JobState.RUNNING, JobState.FAILED))
+    assert ex.bad is None  # one pilot still runs
+    tolerant_error_handler(ex, _status(JobState.FAILED, JobState.MISSING, JobState.FAILED))
+    assert ex.bad is not None  # a broken launch: fail the tasks instead of hanging
+
+
+def test_error_handler_tolerates_losing_every_node_after_one_worked():
+    from parsl.jobs.states import JobState
+
+    table = NodeTable()
+    table.add("a", block_id="0", job_id="j", end_s=None)
+    table.reconcile([mgr("0")], [])
+    table.probed("a", {})
+    ex = FakeExecutor(table)
+    tolerant_error_handler(ex, _status(JobState.FAILED, JobState.FAILED, JobState.FAILED))
+    assert ex.bad is None  # preempted nodes are normal in a malleable pool

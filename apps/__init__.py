@@ -7,10 +7,11 @@ Examples: :mod:`malleparsl.apps.examples_digits` (MLP, CNN) and
 """
 
 from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
-from malleparsl.apps.context import GroupBrokenError, RescaleRequested, Step, TrainContext
+from malleparsl.apps.context import GroupBrokenError, RescaleRequested, TrainContext
 from malleparsl.apps.decorator import MalleableApp, malleable_app
 from malleparsl.apps.entry import RankEntry, run_rank
 from malleparsl.apps.sharding import GlobalBatchSampler
+from malleparsl.apps.step import Step
 
 __all__ = [
     "CheckpointStore",

@@ -11,7 +11,7 @@ the gradient must be the same function of it:
 * rank ``r`` of ``k`` takes a contiguous slice of that global batch (sizes differ by at most
   one), split into micro-batches of at most ``micro_batch`` samples (gradient accumulation);
 * each rank sums per-sample losses (``reduction="sum"``), the gradients are all-reduced as a
-  SUM and divided by ``global_batch`` (see :meth:`malleparsl.apps.context.Step.sync`).
+  SUM and divided by ``global_batch`` (see :meth:`malleparsl.apps.step.Step.sync`).
 
 So step ``t`` computes the mean gradient over the same ``global_batch`` samples at any size;
 only the floating-point summation order differs (~1e-7 relative).

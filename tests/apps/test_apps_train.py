@@ -11,9 +11,11 @@ import threading
 import time
 
 import pytest
+from malleparsl.apps.bench_train import digits_cnn_throughput
 from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
 from malleparsl.apps.context import GroupBrokenError
-from malleparsl.apps.examples_digits import train_mlp
+from malleparsl.apps.examples_digits import train_cnn, train_mlp
+from malleparsl.apps.examples_lm import train_lm
 from malleparsl.apps.local_runner import LocalRunner
 
 STEPS = 48
@@ -30,7 +32,7 @@ def only_rank1_fails(ctx, **kwargs):
 def runner(tmp_path_factory):
     with LocalRunner(
         nodes=3, ckpt_root=str(tmp_path_factory.mktemp("ckpt")),
-        preload=("malleparsl.apps.examples_digits", "sklearn.datasets"),
+        preload=("malleparsl.apps.examples_digits", "malleparsl.apps.examples_lm", "sklearn.datasets"),
     ) as r:
         yield r
 
@@ -148,3 +150,20 @@ def test_node_killed_mid_step_resumes_from_last_checkpoint(runner, baseline) -> 
 def test_group_broken_error_names_the_cause() -> None:
     err = GroupBrokenError("process group broken: x")
     assert isinstance(err, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    "fn, kwargs",
+    [(train_cnn, {"total_steps": 12, "dtype": "float64"}), (train_lm, {"total_steps": 8})],
+    ids=["cnn", "lm"],
+)
+def test_examples_rescale_without_changing_the_trajectory(runner, fn, kwargs) -> None:
+    one = runner.run(fn, schedule=[(1, None)], **kwargs)
+    two = runner.run(fn, schedule=[(2, 4), (1, None)], **kwargs)
+    assert two.sizes == [2, 1] and two.segments[0][0].status == "stopped"
+    assert max(abs(a - b) for a, b in zip(_losses(one), _losses(two))) < 1e-5
+
+
+def test_cnn_throughput_is_measured_at_sizes_1_and_2(runner) -> None:
+    rates = {k: digits_cnn_throughput(k, steps=8, runner=runner) for k in (1, 2)}
+    assert all(r > 0 for r in rates.values())

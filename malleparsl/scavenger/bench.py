@@ -108,7 +108,8 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
         ckpt_root=str(workdir / "ckpt"), heartbeat_period=1, heartbeat_threshold=5,
         poll_period_s=0.1, policy=KeepAndFillPolicy(), warm_modules=("torch.distributed",),
         worker_init=f"export PATH={os.path.dirname(sys.executable)}:$PATH",
-        scavenger_options={"claim_timeout_s": 60.0},
+        # the control loop below releases lost nodes after 1 s, so 3 s of rest is enough
+        scavenger_options={"claim_timeout_s": 60.0, "retake_after_s": 3.0},
     )
     parsl_log = logging.getLogger("parsl")
     propagate, parsl_log.propagate = parsl_log.propagate, False  # keep Parsl's DEBUG off stderr

@@ -163,7 +163,7 @@ class PilotScavenger(NodeSource):
         query_period_s: float = 1.0,
         claim_timeout_s: float = 15.0,
         cooldown_s: float = 30.0,
-        retake_after_s: float = 3.0,
+        retake_after_s: float = 10.0,
         min_idle_s: float = 0.0,
         return_after_s: float = 30.0,
         demand: Callable[[], int | None] | None = None,
@@ -296,7 +296,8 @@ class PilotScavenger(NodeSource):
 
     def _lost(self, node: str, job_id: str, wall: float) -> None:
         """The node's pilot ended without our asking: forget it, and let the executor drop
-        its record before the node may be announced again."""
+        its record before the node may be announced again (``retake_after_s``, default 10 s =
+        the control loop's default ``release_grace_s``)."""
         self.provider.ended.add(job_id)
         del self.held[node]
         self.cooldown_until[node] = wall + self.retake_after_s

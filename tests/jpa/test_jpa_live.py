@@ -95,6 +95,11 @@ def test_digits_job_without_curve_is_profiled_and_its_measured_curve_planned_wit
         # optimism never promises more than linear scaling from the best per-node rate seen
         best = max(r / k for k, r in measured.items())
         assert all(curve.rate(k) <= best * k * 1.0001 for k in range(1, N_NODES + 1))
+        big = max(measured)
+        if measured[big] < 0.8 * measured[1]:  # it scales badly here (ranks share 2 cores):
+            # the allocator, planning with the measured curve, must take the nodes back
+            wait_for(lambda: any(0 < (s.get(job) or 0) < big for _, s in inner.calls[n_calls:]),
+                     60, f"the policy shrinking the job below {big} nodes")
         probe_sizes = [s.get(job) for v, s in inner.calls if job in v and v[job].lo == v[job].hi]
         print(f"measured {measured}; planned {[round(curve.rate(k)) for k in range(1, 4)]}; "
               f"sizes chosen {[s.get(job) for _, s in inner.calls]}; probes {probe_sizes}")

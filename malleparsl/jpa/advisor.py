@@ -299,7 +299,9 @@ class JobProfilingAdvisor(CurveAdvisor):
             p = rec.probe
             if p is None:
                 continue
-            if p.started_s is None and allocation.size(rec.job_id) == p.size:
+            if allocation.size(rec.job_id) != p.size:
+                p.started_s = None  # not placed (no nodes, or lost them): the clock waits
+            elif p.started_s is None:
                 p.started_s = self._alloc_since  # the replan that placed it
             if rec.stable(p.size, tol=self.stable_tol, min_obs=self.min_obs, max_obs=self.max_obs,
                           noise=self._noise):

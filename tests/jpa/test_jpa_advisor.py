@@ -109,6 +109,20 @@ def test_probe_budget_stops_new_probes_once_spent_while_known_jobs_run():
     assert ctl.allocation.size("k") == 8 - 0
 
 
+def test_probe_clock_stops_while_the_job_holds_no_nodes():
+    jpa, ctl = make(n_nodes=2, probe_timeout_s=600.0)
+    ctl.submit(JobSpec("a", max_nodes=2), now_s=0)
+    ctl.replan(now_s=0)
+    ctl.observe("a", n_nodes=1, samples_per_s=10.0, now_s=50)  # one reading, not yet stable
+    ctl.remove_nodes(["n00", "n01"], now_s=100)
+    ctl.replan(now_s=100)
+    ctl.add_nodes(["n02"], now_s=5000)  # hours later: not the job's silence
+    ctl.replan(now_s=5000)
+    assert jpa.records["a"].probe_failures == 0 and jpa.probe_requests() == {"a": 1}
+    ctl.replan(now_s=5700)  # placed at 5000, silent since: now it fails
+    assert jpa.records["a"].probe_failures == 1
+
+
 def test_zero_and_bad_readings_are_dropped_and_never_break_the_fit():
     jpa, ctl = make(probe_timeout_s=300.0)
     ctl.submit(JobSpec("a", max_nodes=4), now_s=0)

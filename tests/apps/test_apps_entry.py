@@ -48,3 +48,36 @@ def test_user_exception_propagates_and_leaves_no_group(store, tmp_path) -> None:
     with pytest.raises(ValueError, match="fail_at_step=2"):
         run_rank(info(store, tmp_path, 0), train_mlp, total_steps=6, fail_at_step=2)
     assert not dist.is_initialized()
+
+
+def hand_written_loop(ctx, *, total=5):
+    """A loop without ctx.steps(): explicit restore, stop checks and saves; plain extra data."""
+    import torch
+
+    w = torch.nn.Linear(2, 1)
+    ctx.register(w=w)
+    ctx.restore()
+    ctx.extra.setdefault("seen", [])
+    while ctx.step < total:
+        ctx.check_stop()
+        ctx.extra["seen"].append(ctx.step)
+        ctx.step += 1
+        ctx.save()
+    return list(ctx.extra["seen"])
+
+
+def test_hand_written_loop_resumes_with_its_extra_state(store, tmp_path) -> None:
+    first = run_rank(info(store, tmp_path, 0), hand_written_loop, total=3)
+    assert first.result == [0, 1, 2]
+    out = run_rank(info(store, tmp_path, 1), hand_written_loop, total=5)
+    assert out.status == "finished" and out.result == [0, 1, 2, 3, 4]
+
+
+def test_register_rejects_objects_without_state_dict(store, tmp_path) -> None:
+    from malleparsl.errors import SpecError
+
+    def bad(ctx):
+        ctx.register(lr=0.1)
+
+    with pytest.raises(SpecError, match="ctx.extra"):
+        run_rank(info(store, tmp_path, 0), bad)

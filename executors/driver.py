@@ -316,7 +316,11 @@ class MalleableJob:
         )
         self._record_first_step(seg)
         if seg.errors or lost:
-            if lost or lost_ranks:
+            # a group that broke with no user error (every rank saw only gloo/timeout errors,
+            # e.g. a peer preempted before the driver heard of it) is a loss too: restart
+            # from the checkpoint rather than fail the job for something the user did not do
+            only_collateral = all(_looks_collateral(seg.errors[r]) for r in seg.error_order)
+            if lost or lost_ranks or (seg.errors and only_collateral):
                 return self._restart_after_loss(seg, lost)
             primary = self._primary_error(seg)
             log.info("job %s: user code failed in segment %d: %r", self.job_id, seg.index, primary)

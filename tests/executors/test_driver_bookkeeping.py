@@ -156,6 +156,19 @@ def test_user_exception_wins_over_collateral_gloo_errors_and_is_not_relaunched(r
     assert len(ex.calls) == 3 and job.state is JobState.DONE
 
 
+def test_group_broken_with_only_gloo_errors_restarts_from_checkpoint_not_fails(rig):
+    # regression: a preemption racing a regrow left every rank with a gloo timeout and no
+    # node reported lost; the job must restart, not fail as if the user's code were wrong
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    evs = finish_segment(
+        job, ex, posted, [RuntimeError("[gloo] Timed out waiting"), RuntimeError("gloo: Timed out")]
+    )
+    assert evs == [DriverEvent.LOST] and job.restarts == 1 and not job.future.done()
+    job.reconcile(frozenset({"a", "b"}))
+    assert job.rescales[-1].kind == "restart"
+
+
 @pytest.mark.parametrize("lost", [ManagerLost(b"m1", "host"), WorkerLost(3, "host")])
 def test_lost_node_restarts_from_checkpoint_on_the_rest(rig, lost):
     job, ex, _, posted, _ = rig

@@ -13,7 +13,6 @@ import time
 import pytest
 from malleparsl.apps.bench_train import digits_cnn_throughput
 from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
-from malleparsl.apps.context import GroupBrokenError
 from malleparsl.apps.examples_digits import train_cnn, train_mlp
 from malleparsl.apps.examples_lm import train_lm
 from malleparsl.apps.local_runner import LocalRunner
@@ -145,11 +144,6 @@ def test_node_killed_mid_step_resumes_from_last_checkpoint(runner, baseline) -> 
     assert len(rep.failures) == 1 and "died" in rep.failures[0]
     assert max(abs(a - b) for a, b in zip(_losses(rep), baseline)) < 1e-5
     assert len(_losses(rep)) == STEPS
-
-
-def test_group_broken_error_names_the_cause() -> None:
-    err = GroupBrokenError("process group broken: x")
-    assert isinstance(err, RuntimeError)
 
 
 @pytest.mark.parametrize(

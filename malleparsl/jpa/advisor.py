@@ -80,6 +80,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         window: int = 16,
         share_priors: bool = True,
         prior_weight: float = 0.5,
+        optimism: str = "total",
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -102,6 +103,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         self.stable_tol, self.min_obs, self.max_obs = stable_tol, min_obs, max_obs
         self.warmup_obs, self.window = warmup_obs, window
         self.share_priors, self.prior_weight = share_priors, prior_weight
+        if optimism not in ("total", "model"):
+            raise SpecError(f"optimism must be 'total' or 'model', got {optimism!r}")
+        self.optimism = optimism
         self.records: dict[str, JobRecord] = {}
         self.priors: dict[str, CurveEstimate] = {}
         self.pause_pool: dict[str, list[float]] = {"up": [], "down": []}
@@ -230,7 +234,8 @@ class JobProfilingAdvisor(CurveAdvisor):
             limit = int(min(n_tab, max(math.floor(self.explore_factor * top), top + 1)))
         n = np.arange(1, n_tab + 1)
         per_node = self._per_node(rec, est)
-        ucb = np.minimum(est.mean[1 : n_tab + 1] + self.kappa * est.sigma[1 : n_tab + 1], per_node * n)
+        sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + self.kappa * sig[1 : n_tab + 1], per_node * n)
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:
             plan[limit:] = plan[limit - 1]

@@ -42,6 +42,7 @@ class CurveEstimate:
     measured: tuple[int, ...]
     fits: tuple[ModelParams, ...] = ()
     weights: tuple[float, ...] = ()
+    model_sigma: np.ndarray | None = None  # the structures' spread alone (no measurement error)
 
     @property
     def n_max(self) -> int:
@@ -118,6 +119,7 @@ def estimate(
         measured=tuple(int(d) for d in distinct),
         fits=tuple(fits),
         weights=tuple(float(v) for v in w),
+        model_sigma=np.concatenate([[0.0], np.sqrt(model_var)]),
     )
 
 

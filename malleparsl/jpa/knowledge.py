@@ -179,7 +179,8 @@ class JobRecord:
             return None
         est = fit_estimate(pts, n_max=n_max, noise_rel=noise)
         if own is not None:  # the own sizes are what the job really measured
-            est = CurveEstimate(est.mean, est.sigma, tuple(self.measured_sizes), est.fits, est.weights)
+            est = CurveEstimate(est.mean, est.sigma, tuple(self.measured_sizes), est.fits,
+                                est.weights, est.model_sigma)
         self._cache = (key, est)
         return est
 

@@ -36,6 +36,7 @@ from malleparsl.executors.nodes import (
     probe_node,
     tolerant_error_handler,
 )
+from malleparsl.executors.protocol import as_entry
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import ManagerLost
 from parsl.jobs.states import JobState, JobStatus
@@ -290,7 +291,7 @@ class MalleableExecutor(HighThroughputExecutor):
                     "malleparsl.executors.control is missing); start it before submitting "
                     "malleable apps"
                 )
-            return self.control.submit_job(func, spec["malleable"], args, kwargs)
+            return self.control.submit_job(as_entry(func), spec["malleable"], args, kwargs)
         if "node" in spec:
             self.validate_resource_spec(spec)
             return self.submit_to_node(spec["node"], func, *args, **kwargs)

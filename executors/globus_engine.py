@@ -19,7 +19,6 @@ inside ``globus_compute_endpoint.engines``, so wire this one from the endpoint's
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 import time
@@ -35,12 +34,11 @@ from globus_compute_endpoint.engines.base import GCExecutorFuture
 from globus_compute_endpoint.exception_handling import get_error_string, get_result_error_details
 from globus_compute_sdk.serialize import ComputeSerializer
 from malleparsl.executors.executor import MalleableExecutor
+from malleparsl.executors.protocol import as_entry
 
 log = logging.getLogger(__name__)
 
 MALLEABLE_KEY = "malleable"
-# The apps layer sits above the executors; name its entry by string so we do not import upward.
-ENTRY_FACTORY = "malleparsl.apps.entry:RankEntry"
 
 
 class MalleableEngine(GlobusComputeEngine):
@@ -106,7 +104,7 @@ class MalleableEngine(GlobusComputeEngine):
                 raise TypeError(f"expected a packed Task message, got {type(task).__name__}")
             serde = ComputeSerializer(allowed_deserializer_types=task_deserializers)
             fn, fargs, fkwargs = serde.unpack_and_deserialize(task.task_buffer)
-            entry = _as_entry(fn)
+            entry = as_entry(fn)
             inner: Future = self.executor.submit(
                 entry, {MALLEABLE_KEY: dict(resource_specification[MALLEABLE_KEY])},
                 *fargs, **fkwargs,
@@ -128,13 +126,6 @@ class MalleableEngine(GlobusComputeEngine):
 
         inner.add_done_callback(done)
         return out
-
-
-def _as_entry(fn: t.Callable) -> t.Callable:
-    """The user's training function wrapped as a per-rank entry, unless it already is one."""
-    mod_name, cls_name = ENTRY_FACTORY.split(":")
-    entry_cls = getattr(importlib.import_module(mod_name), cls_name)
-    return fn if isinstance(fn, entry_cls) else entry_cls(fn)
 
 
 def _end() -> TaskTransition:

@@ -13,6 +13,8 @@ the same store (under a per-segment prefix) to form its process group.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,3 +69,22 @@ class SegmentOutcome:
     first_step_time: float | None = None  # wall time (time.time()) of this segment's first step
     ckpt_save_s: float = 0.0  # seconds spent writing the stop checkpoint (excluded from rescale pauses)
     ckpt_load_s: float = 0.0  # seconds spent reading the checkpoint at segment start (excluded too)
+
+
+# The apps layer sits above the executors; name its entry class by string, not by import.
+ENTRY_FACTORY = "malleparsl.apps.entry:RankEntry"
+
+
+def as_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a per-rank entry: a plain training function ``fn(ctx, ...)`` (e.g. from a
+    plain ``@python_app`` given a ``{"malleable": ...}`` resource specification, or a Globus
+    Compute task) is wrapped in the apps layer's ``RankEntry``; an entry is returned as is.
+
+    Any other callable taking ``(rank_info, ...)`` may opt out by setting
+    ``fn.malleparsl_entry = True`` (the synthetic test entries do).
+    """
+    if getattr(fn, "malleparsl_entry", False):
+        return fn
+    mod_name, cls_name = ENTRY_FACTORY.split(":")
+    entry_cls = getattr(importlib.import_module(mod_name), cls_name)
+    return fn if isinstance(fn, entry_cls) else entry_cls(fn)

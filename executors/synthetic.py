@@ -140,6 +140,9 @@ def synthetic_entry(
         del pg
 
 
+synthetic_entry.malleparsl_entry = True  # type: ignore[attr-defined]  # already an entry
+
+
 def _rate(steps: int, t_start: float) -> float | None:
     dt = time.time() - t_start
     return steps / dt if steps and dt > 0 else None

@@ -12,6 +12,7 @@ from typing import Any
 from malleparsl.executors.executor import MalleableExecutor
 from parsl.config import Config
 
+from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
 from malleparsl.model import NodeId
 
@@ -69,8 +70,31 @@ def facility_config(
         "heartbeat_threshold": 10,
     }
     options.update(executor_options)
+    executor = MalleableExecutor(**options)
+    # a pilot scavenger holds only as many nodes as the jobs can use, and gives the rest back
+    if getattr(node_source, "demand", False) is None:
+        node_source.demand = lambda: jobs_demand(executor)
+    if getattr(node_source, "in_use", False) is None:
+        node_source.in_use = lambda: nodes_in_use(executor)
     extra: dict[str, Any] = {"run_dir": run_dir} if run_dir is not None else {}
-    return Config(executors=[MalleableExecutor(**options)], strategy="none", **extra)
+    return Config(executors=[executor], strategy="none", **extra)
+
+
+def jobs_demand(executor: Any) -> int | None:
+    """Nodes the executor's unfinished malleable jobs could use (their ``max_nodes`` summed);
+    None (= up to the cap) before the control loop exists."""
+    control = getattr(executor, "control", None)
+    if control is None:
+        return None
+    jobs = control.controller.jobs.values()
+    return sum(js.spec.max_nodes for js in jobs if js.status is not JobStatus.DONE)
+
+
+def nodes_in_use(executor: Any) -> set[str]:
+    """Nodes the controller has given to jobs (never returned while in use)."""
+    control = getattr(executor, "control", None)
+    return set(control.controller.allocation.used_nodes) if control is not None else set()
+
 
 
 def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:

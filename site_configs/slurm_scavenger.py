@@ -17,11 +17,10 @@ import os
 import sys
 from typing import Any
 
-from malleparsl.executors.executor import MalleableExecutor
+from malleparsl.site_configs.common import facility_config, jobs_demand, nodes_in_use  # noqa: F401
 from parsl.config import Config
 from parsl.launchers import SimpleLauncher
 
-from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
 from malleparsl.scavenger.slurm import SlurmScavenger
@@ -101,39 +100,8 @@ def slurm_scavenger_config(
         min_idle_s=min_idle_s,
         **(scavenger_options or {}),
     )
-    options: dict[str, Any] = {
-        "label": "malleable",
-        "max_workers_per_node": 1,  # one rank per node
-        "heartbeat_period": 2,  # a silently dead node is noticed within ~heartbeat_threshold
-        "heartbeat_threshold": 10,
-        "encrypted": True,  # the interchange listens on the login node: keep CurveZMQ on
-        "provider": provider,
-        "node_source": source,
-    }
     if address is not None:
-        options["address"] = address
-    options.update(executor_options)
-    executor = MalleableExecutor(**options)
-    # hold only as many nodes as the jobs can use, and give the rest back (unless told how)
-    if source.demand is None:
-        source.demand = lambda: jobs_demand(executor)
-    if source.in_use is None:
-        source.in_use = lambda: nodes_in_use(executor)
-    extra: dict[str, Any] = {"run_dir": run_dir} if run_dir is not None else {}
-    return Config(executors=[executor], strategy="none", **extra)
-
-
-def jobs_demand(executor: Any) -> int | None:
-    """Nodes the executor's unfinished malleable jobs could use (their ``max_nodes`` summed);
-    None (= up to the cap) before the control loop exists."""
-    control = getattr(executor, "control", None)
-    if control is None:
-        return None
-    jobs = control.controller.jobs.values()
-    return sum(js.spec.max_nodes for js in jobs if js.status is not JobStatus.DONE)
-
-
-def nodes_in_use(executor: Any) -> set[str]:
-    """Nodes the controller has given to jobs (never returned while in use)."""
-    control = getattr(executor, "control", None)
-    return set(control.controller.allocation.used_nodes) if control is not None else set()
+        executor_options.setdefault("address", address)
+    return facility_config(
+        provider=provider, node_source=source, run_dir=run_dir, **executor_options
+    )

@@ -30,7 +30,21 @@ def test_malleable_resource_spec_goes_to_the_control_loop():
     ex.control = FakeControl()
     opts = {"min_nodes": 1, "max_nodes": 3, "job_id": "j"}
     assert ex.submit(entry, {"malleable": opts}, 1, 2, lr=0.1) == "future"
-    assert ex.control.calls == [(entry, opts, (1, 2), {"lr": 0.1})]
+    (got, got_opts, args, kwargs), = ex.control.calls
+    # a plain training function (e.g. from a plain @python_app) is wrapped as a rank entry
+    from malleparsl.apps.entry import RankEntry
+
+    assert isinstance(got, RankEntry) and got.user_fn is entry
+    assert (got_opts, args, kwargs) == (opts, (1, 2), {"lr": 0.1})
+
+
+def test_an_entry_is_handed_to_the_control_loop_unchanged():
+    from malleparsl.executors.synthetic import synthetic_entry
+
+    ex = MalleableExecutor(nodes=0)
+    ex.control = FakeControl()
+    ex.submit(synthetic_entry, {"malleable": {"max_nodes": 2}})
+    assert ex.control.calls[0][0] is synthetic_entry
 
 
 def test_malleable_spec_without_control_loop_is_an_error():

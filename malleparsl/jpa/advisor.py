@@ -75,7 +75,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         max_probe_frac: float = 0.1,
         stable_tol: float = 0.03,
         min_obs: int = 1,
-        max_obs: int = 4,
+        max_obs: int = 2,
         warmup_obs: int = 1,
         window: int = 16,
         share_priors: bool = True,

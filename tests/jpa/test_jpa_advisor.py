@@ -61,7 +61,7 @@ def test_warmup_readings_after_a_size_change_are_not_used():
 
 
 def test_probe_ends_as_soon_as_the_rate_is_stable_not_on_a_fixed_clock():
-    jpa, ctl = make()
+    jpa, ctl = make(max_obs=4)
     ctl.submit(JobSpec("a", max_nodes=4), now_s=0)
     ctl.replan(now_s=0)
     ctl.observe("a", n_nodes=1, samples_per_s=100.0, now_s=10)

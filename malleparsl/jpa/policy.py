@@ -140,4 +140,14 @@ def _take(
     return got
 
 
-register_policy_factory("jpa", lambda **kw: ProbeFirst(**kw))  # type: ignore[arg-type]
+def _make(**options: object) -> ProbeFirst:
+    if "advisor" not in options:
+        raise SpecError(
+            "policy 'jpa' needs the advisor whose probes it places: "
+            "make_policy('jpa', advisor=JobProfilingAdvisor()); in the simulator use the "
+            "setup 'milp+jpa'"
+        )
+    return ProbeFirst(**options)  # type: ignore[arg-type]
+
+
+register_policy_factory("jpa", _make)

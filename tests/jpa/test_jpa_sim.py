@@ -7,6 +7,7 @@ import math
 import pytest
 
 from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
+from malleparsl.errors import SpecError
 from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
 from malleparsl.jpa.bench import SHAPES, curve_errors, run_comparison, shaped_curve, shaped_jobs
 from malleparsl.model import JobSpec, ScalingCurve
@@ -43,6 +44,13 @@ def test_probe_that_cannot_be_placed_leaves_the_inner_answer_alone():
             JobView(JobSpec("u", max_nodes=4), ScalingCurve((1,), (1e-6,)), frozenset(), 2, 2)]
     got = ProbeFirst(advisor=FixedProbes({"u": 2}), inner="greedy").allocate(snap, jobs)
     assert got.size("u") == 0 and got.nodes_of("a") == {"n0"}
+
+
+def test_jpa_policy_by_name_needs_an_advisor():
+    with pytest.raises(SpecError, match="milp\\+jpa"):
+        make_policy("jpa")
+    pol = make_policy("jpa", advisor=JobProfilingAdvisor(), inner="greedy")
+    assert isinstance(pol, ProbeFirst)
 
 
 def test_setups_are_registered_and_hide_curves():

@@ -56,6 +56,11 @@ class AppTrialRunner(TrialRunner):
     samples_per_unit
         Samples in one budget unit (an epoch's samples); lets the controller know each job's
         remaining work (``total_samples``). Optional.
+    rescale_hint_s
+        The pause (s) a grow or shrink is expected to cost, passed as ``rescale_up_s`` /
+        ``rescale_down_s``. Without it the allocator sees rescales as free and may stop a
+        running trial to start an equal one (churn); measured pauses replace it when the JPA
+        is on. ``None`` passes nothing.
     options
         Extra malleable options for every job (``torch_threads``, ``ckpt_interval_s``...).
     malleable
@@ -72,6 +77,7 @@ class AppTrialRunner(TrialRunner):
         executor: str = "malleable",
         ckpt_root: str | os.PathLike[str] | None = None,
         samples_per_unit: float | None = None,
+        rescale_hint_s: float | None = 0.5,
         options: Mapping[str, Any] | None = None,
         malleable: bool = True,
     ) -> None:
@@ -89,6 +95,9 @@ class AppTrialRunner(TrialRunner):
         self.min_nodes, self.max_nodes, self.executor = min_nodes, max_nodes, executor
         self.samples_per_unit = samples_per_unit
         self.options = dict(options or {})
+        if rescale_hint_s is not None:
+            self.options.setdefault("rescale_up_s", float(rescale_hint_s))
+            self.options.setdefault("rescale_down_s", float(rescale_hint_s))
         self.malleable = malleable
         self._app: Any = None
         self._prev_budget: dict[tuple[str, str], float] = {}
@@ -116,7 +125,8 @@ class AppTrialRunner(TrialRunner):
         if not self.malleable:
             fn = getattr(self.train_fn, "entry", None)
             fn = getattr(fn, "user_fn", self.train_fn)
-            return self._app(fn, cfg, ckpt_dir, {**self.options, "torch_threads": 1})
+            opts = {k: v for k, v in self.options.items() if not k.startswith("rescale_")}
+            return self._app(fn, cfg, ckpt_dir, {**opts, "torch_threads": 1})
         opts: dict[str, Any] = {"job_id": job_id, "seed": int(s.config.get("seed", 0))}
         if ckpt_dir is not None:
             opts["ckpt_dir"] = ckpt_dir

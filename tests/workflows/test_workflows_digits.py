@@ -33,6 +33,10 @@ def test_app_runner_puts_the_budget_in_the_config_and_checks_its_arguments():
     cfg = r.config_for(Suggestion("t0", {"lr": 0.1}, rung=1, budget=5000))
     assert cfg == {"lr": 0.1, "samples": 5000}
     assert r.job_id("search", Suggestion("t0", {}, rung=2)) == "search-t0-r2"
+    # a small rescale cost by default: without one the allocator may stop a running trial to
+    # start an equal one (observed: 356 equal-size relaunches in one demo run)
+    assert r.options["rescale_up_s"] == r.options["rescale_down_s"] == 0.5
+    assert "rescale_up_s" not in AppTrialRunner(train_fn=train_digits, rescale_hint_s=None).options
     with pytest.raises(SpecError, match="min_nodes <= max_nodes"):
         AppTrialRunner(train_fn=train_digits, min_nodes=3, max_nodes=2)
     with pytest.raises(SpecError, match="budget_unit"):

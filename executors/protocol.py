@@ -87,4 +87,14 @@ def as_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
     mod_name, cls_name = ENTRY_FACTORY.split(":")
     entry_cls = getattr(importlib.import_module(mod_name), cls_name)
-    return fn if isinstance(fn, entry_cls) else entry_cls(fn)
+    # Parsl monitoring hands the executor its functools.wraps wrapper around the app's
+    # function: an entry inside that wrapper is still an entry (the wrapper pops its own
+    # keyword arguments and calls it per rank), so it must not be wrapped a second time.
+    inner: Any = fn
+    for _ in range(10):
+        if inner is None:
+            break
+        if isinstance(inner, entry_cls) or getattr(inner, "malleparsl_entry", False):
+            return fn
+        inner = getattr(inner, "__wrapped__", None)
+    return entry_cls(fn)

@@ -124,8 +124,10 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     sizes = [len(n) for n in job.history]
     # nodes join one by one, so early segments may be smaller; then 5, 2 after the
     # preemption, growing back (possibly in steps) to 5; never more than the idle nodes
-    small = sizes.index(2)
-    assert 5 in sizes[:small] and sizes[-1] == 5 and max(sizes) == 5, sizes
+    # (regression: an early 2 while nodes were still joining must not count as the shrink)
+    assert 5 in sizes, sizes
+    small = sizes.index(2, sizes.index(5))
+    assert sizes[-1] == 5 and max(sizes) == 5 and small > 0, sizes
     assert {r[3] for r in rows} == set(range(700))  # every step ran (some twice, none lost)
     print(f"\npreemption -> training again on the survivors: {resume_s:.2f} s; "
           f"steps redone: {redone}; segment sizes: {sizes}; pilots returned {returned_s:.1f} s "

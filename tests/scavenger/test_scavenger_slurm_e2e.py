@@ -41,6 +41,11 @@ def _log(path: Path) -> list[tuple[float, int, int, int]]:
     return rows
 
 
+# long enough (>= 70 s of steps) that the job is still training when the nodes come back,
+# even on an idle machine where everything else is fast (700 steps could finish on 2 nodes)
+TOTAL_STEPS = 1400
+
+
 def _wait(cond, timeout_s, what):
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -76,7 +81,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     try:
         ex = dfk.executors["malleable"]
         ex.control.release_grace_s = 1.0
-        fut = app(log_path=str(log_path), total_steps=700, step_sleep_s=0.05)
+        fut = app(log_path=str(log_path), total_steps=TOTAL_STEPS, step_sleep_s=0.05)
         idle = set(slurm.node_names) - busy
 
         def size_now():
@@ -118,7 +123,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         parsl.clear()
 
     rows = _log(log_path)
-    assert result["steps"] == 700 and result["accuracy"] > 0.9
+    assert result["steps"] == TOTAL_STEPS and result["accuracy"] > 0.9
     job = ex.control.jobs["digits"]
     assert job.resolutions == 1
     sizes = [len(n) for n in job.history]
@@ -128,7 +133,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     assert 5 in sizes, sizes
     small = sizes.index(2, sizes.index(5))
     assert sizes[-1] == 5 and max(sizes) == 5 and small > 0, sizes
-    assert {r[3] for r in rows} == set(range(700))  # every step ran (some twice, none lost)
+    assert {r[3] for r in rows} == set(range(TOTAL_STEPS))  # every step ran (some twice, none lost)
     print(f"\npreemption -> training again on the survivors: {resume_s:.2f} s; "
           f"steps redone: {redone}; segment sizes: {sizes}; pilots returned {returned_s:.1f} s "
           "after the job finished")

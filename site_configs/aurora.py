@@ -15,18 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import (
-    check_account,
-    check_positive,
-    check_walltime,
-    facility_config,
-    gpu_env,
-)
+from malleparsl.site_configs.common import check_positive, pbs_facility
 from parsl.config import Config
-from parsl.launchers import MpiExecLauncher
 
 from malleparsl.errors import SpecError
-from malleparsl.scavenger.pbs import PBSScavenger, ScavengingPBSProProvider
 from malleparsl.scavenger.shell import Runner
 
 DEFAULT_WORKER_INIT = (
@@ -60,25 +52,13 @@ def aurora_config(
         as for :func:`~malleparsl.site_configs.polaris.polaris_config`.
     tiles_per_node : GPU tiles exposed to the node's rank (``ZE_AFFINITY_MASK=0,...,11``).
     """
-    check_account(account)
     if not isinstance(queue, str) or not queue:
         raise SpecError(f"queue must name a PBS queue, got {queue!r}")
-    check_positive("node_cap", node_cap)
     check_positive("tiles_per_node", tiles_per_node)
-    check_walltime(walltime)
-    provider = ScavengingPBSProProvider(
-        queue=queue,
-        account=account,
-        node_cap=node_cap,
-        walltime=walltime,
-        cpus_per_node=208,
-        scheduler_options=f"#PBS -l filesystems={filesystems}",
-        worker_init=f"{worker_init}\n{gpu_env('ZE_AFFINITY_MASK', tiles_per_node)}",
-        launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides="--depth=208 --ppn 1"),
-        allow_nonpreemptible=allow_nonpreemptible,
-        run=run,
+    return pbs_facility(
+        account=account, queue=queue, node_cap=node_cap, walltime=walltime,
+        worker_init=worker_init, cpus_per_node=208, gpu_var="ZE_AFFINITY_MASK",
+        gpus=tiles_per_node, filesystems=filesystems, query_period_s=query_period_s,
+        allow_nonpreemptible=allow_nonpreemptible, run=run, run_dir=run_dir,
+        **executor_options,
     )
-    source = PBSScavenger(provider=provider, query_period_s=query_period_s)
-    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
-
-

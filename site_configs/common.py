@@ -97,6 +97,95 @@ def nodes_in_use(executor: Any) -> set[str]:
 
 
 
+def pbs_facility(
+    *,
+    account: str,
+    queue: str,
+    node_cap: int,
+    walltime: str,
+    worker_init: str,
+    cpus_per_node: int,
+    gpu_var: str,
+    gpus: int,
+    filesystems: str,
+    select_options: str = "",
+    query_period_s: float,
+    allow_nonpreemptible: bool,
+    run: Any,
+    run_dir: str | None,
+    **executor_options: Any,
+) -> Config:
+    """A PBS Pro facility: checks, one-node pinned pilots through ``mpiexec``, a PBS scavenger.
+
+    ``gpus`` accelerators are exposed to the node's one rank through ``gpu_var``.
+    """
+    from parsl.launchers import MpiExecLauncher
+
+    from malleparsl.scavenger.pbs import PBSScavenger, ScavengingPBSProProvider
+
+    check_account(account)
+    check_positive("node_cap", node_cap)
+    check_walltime(walltime)
+    provider = ScavengingPBSProProvider(
+        queue=queue,
+        account=account,
+        node_cap=node_cap,
+        walltime=walltime,
+        cpus_per_node=cpus_per_node,
+        select_options=select_options,
+        scheduler_options=f"#PBS -l filesystems={filesystems}",
+        worker_init=f"{worker_init}\n{gpu_env(gpu_var, gpus)}",
+        # one manager per pilot node, bound to all of the node's cores
+        launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides=f"--depth={cpus_per_node} --ppn 1"),
+        allow_nonpreemptible=allow_nonpreemptible,
+        run=run,
+    )
+    source = PBSScavenger(provider=provider, query_period_s=query_period_s)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
+
+
+def slurm_facility(
+    *,
+    account: str,
+    partition: str | None,
+    qos: str | None,
+    node_cap: int,
+    walltime: str,
+    worker_init: str,
+    gpu_var: str,
+    gpus: int,
+    scheduler_options: str,
+    query_period_s: float,
+    allow_nonpreemptible: bool,
+    run: Any,
+    run_dir: str | None,
+    **executor_options: Any,
+) -> Config:
+    """A Slurm facility: checks, one-node pinned pilots through ``srun``, a Slurm scavenger."""
+    from parsl.launchers import SrunLauncher
+
+    from malleparsl.scavenger.slurm import SlurmScavenger
+    from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
+
+    check_account(account)
+    check_positive("node_cap", node_cap)
+    check_walltime(walltime)
+    provider = ScavengingSlurmProvider(
+        partition=partition,
+        qos=qos,
+        account=account,
+        node_cap=node_cap,
+        walltime=walltime,
+        scheduler_options=scheduler_options,
+        worker_init=f"{worker_init}\n{gpu_env(gpu_var, gpus)}",
+        allow_nonpreemptible=allow_nonpreemptible,
+        launcher=SrunLauncher(overrides="--ntasks-per-node=1"),
+        run=run,
+    )
+    source = SlurmScavenger(provider=provider, query_period_s=query_period_s)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
+
+
 def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
     """Submit one pilot through the config's provider and return the batch script it wrote.
 

@@ -13,19 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import (
-    check_account,
-    check_positive,
-    check_walltime,
-    facility_config,
-    gpu_env,
-)
+from malleparsl.site_configs.common import check_positive, slurm_facility
 from parsl.config import Config
-from parsl.launchers import SrunLauncher
 
 from malleparsl.scavenger.shell import Runner
-from malleparsl.scavenger.slurm import SlurmScavenger
-from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
 
 DEFAULT_WORKER_INIT = (
     "module load pytorch; source ~/malleparsl-env/bin/activate  # YOUR environment"
@@ -58,21 +49,11 @@ def perlmutter_config(
     node_cap, walltime, worker_init, query_period_s, run, **executor_options : as for
         :func:`~malleparsl.site_configs.slurm_scavenger.slurm_scavenger_config`.
     """
-    check_account(account)
-    check_positive("node_cap", node_cap)
     check_positive("gpus_per_node", gpus_per_node)
-    check_walltime(walltime)
-    provider = ScavengingSlurmProvider(
-        partition=None,
-        qos=qos,
-        account=account,
-        node_cap=node_cap,
-        walltime=walltime,
+    return slurm_facility(
+        account=account, partition=None, qos=qos, node_cap=node_cap, walltime=walltime,
+        worker_init=worker_init, gpu_var="CUDA_VISIBLE_DEVICES", gpus=gpus_per_node,
         scheduler_options=f"#SBATCH --constraint={constraint}\n#SBATCH --gpus-per-node={gpus_per_node}",
-        worker_init=f"{worker_init}\n{gpu_env('CUDA_VISIBLE_DEVICES', gpus_per_node)}",
-        allow_nonpreemptible=allow_nonpreemptible,
-        launcher=SrunLauncher(overrides="--ntasks-per-node=1"),
-        run=run,
+        query_period_s=query_period_s, allow_nonpreemptible=allow_nonpreemptible, run=run,
+        run_dir=run_dir, **executor_options,
     )
-    source = SlurmScavenger(provider=provider, query_period_s=query_period_s)
-    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)

@@ -15,17 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import (
-    check_account,
-    check_positive,
-    check_walltime,
-    facility_config,
-    gpu_env,
-)
+from malleparsl.site_configs.common import check_positive, pbs_facility
 from parsl.config import Config
-from parsl.launchers import MpiExecLauncher
 
-from malleparsl.scavenger.pbs import PBSScavenger, ScavengingPBSProProvider
 from malleparsl.scavenger.shell import Runner
 
 DEFAULT_WORKER_INIT = (
@@ -65,23 +57,11 @@ def polaris_config(
     **executor_options : more :class:`MalleableExecutor` arguments (``policy``, ``ckpt_root`` on
         a shared filesystem, ...).
     """
-    check_account(account)
-    check_positive("node_cap", node_cap)
     check_positive("gpus_per_node", gpus_per_node)
-    check_walltime(walltime)
-    provider = ScavengingPBSProProvider(
-        queue=queue,
-        account=account,
-        node_cap=node_cap,
-        walltime=walltime,
-        cpus_per_node=64,
-        select_options=f"ngpus={gpus_per_node}",
-        scheduler_options=f"#PBS -l filesystems={filesystems}",
-        worker_init=f"{worker_init}\n{gpu_env('CUDA_VISIBLE_DEVICES', gpus_per_node)}",
-        # one manager per pilot node, bound to the node's 64 cores
-        launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides="--depth=64 --ppn 1"),
-        allow_nonpreemptible=allow_nonpreemptible,
-        run=run,
+    return pbs_facility(
+        account=account, queue=queue, node_cap=node_cap, walltime=walltime,
+        worker_init=worker_init, cpus_per_node=64, gpu_var="CUDA_VISIBLE_DEVICES",
+        gpus=gpus_per_node, select_options=f"ngpus={gpus_per_node}", filesystems=filesystems,
+        query_period_s=query_period_s, allow_nonpreemptible=allow_nonpreemptible, run=run,
+        run_dir=run_dir, **executor_options,
     )
-    source = PBSScavenger(provider=provider, query_period_s=query_period_s)
-    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)

@@ -30,7 +30,7 @@ from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 NODE_TIMEOUT_S = 300
-STEPS = 400
+STEPS = 600
 WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.datasets")
 
 
@@ -110,17 +110,17 @@ def test_grow_shrink_kill_keeps_the_trajectory_and_resolves_once(live) -> None:
     # a short, high-value job holds one node, so the long job starts at 2 and grows to 3
     short = malleable_app(min_nodes=1, max_nodes=1, curve=[[1, 100.0]], torch_threads=1,
                           pace_s_per_sample=5e-3)(train_mlp)
-    fs = short(total_steps=40, malleable_options={"job_id": "short"})
+    fs = short(total_steps=10, malleable_options={"job_id": "short"})
     wait_for(lambda: running_at(ex, "short", 1), "the short job to start", ex)
     app = malleable_app(min_nodes=1, max_nodes=3, curve=[[1, 1.0], [2, 2.0], [3, 3.0]],
-                        torch_threads=1, pace_s_per_sample=1e-3, ckpt_every_steps=20)(train_mlp)
+                        torch_threads=1, pace_s_per_sample=2e-3, ckpt_every_steps=20)(train_mlp)
     fut = app(total_steps=STEPS, dtype="float64", malleable_options={"job_id": "long"})
     done_calls = []
     fut.add_done_callback(done_calls.append)
 
     wait_for(lambda: segment_of(ex, "long") is not None, "the long job to start", ex)
     assert len(segment_of(ex, "long").nodes) == 2  # the short job holds the third node
-    assert fs.result(timeout=NODE_TIMEOUT_S)["steps"] == 40
+    assert fs.result(timeout=NODE_TIMEOUT_S)["steps"] == 10
     wait_for(lambda: running_at(ex, "long", 3, 1), "growth to 3 nodes", ex)
     seg, at = segment_of(ex, "long"), step_of(ex, "long")
     wait_for(lambda: running_at(ex, "long", 3, at + 10), "10 steps at 3 nodes", ex)

@@ -210,9 +210,9 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         "best_checkpoint": None if best is None else best.checkpoint,
         "rescales": sum(rescales.values()),
         "rescales_by_kind": rescales,
-        "node_seconds_idle": round(idle_ns, 1),
-        "node_seconds_used": round(used_ns, 1),
-        "utilisation": round(used_ns / (idle_ns + used_ns), 3) if idle_ns + used_ns else None,
+        "node_seconds_idle": round(idle_ns, 1),  # what the idle nodes offered
+        "node_seconds_used": round(used_ns, 1),  # of those, the ones running training
+        "utilisation": round(used_ns / idle_ns, 3) if idle_ns else None,
         "workflow_wall_s": round(result.wall_s, 1),
         "wall_s": None,
         "stages_failed": sorted(result.failed),
@@ -258,7 +258,7 @@ def demo(
     console.print(f"[bold]best accuracy[/bold] {summary['best_accuracy']}  "
                   f"config {summary['best_config']}")
     console.print(f"trials {summary['trials']}  rescales {summary['rescales']}  node-s used "
-                  f"{summary['node_seconds_used']} idle {summary['node_seconds_idle']}  wall "
+                  f"{summary['node_seconds_used']} of {summary['node_seconds_idle']} idle  wall "
                   f"{summary['wall_s']} s  ({summary['mode']})")
     console.print(f"report: {Path(out).resolve() / 'report.html'}")
     if (summary["best_accuracy"] or 0.0) < 0.95:

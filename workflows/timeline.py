@@ -145,13 +145,15 @@ class Recorder:
 
     # ---- summaries ----------------------------------------------------------------------
     def node_seconds(self) -> tuple[float, float]:
-        """``(idle, used)`` node-seconds: ready nodes without / with a running segment."""
-        idle = used = 0.0
+        """``(offered, used)`` node-seconds: every ready node (the idle nodes the source lent
+        us, as the simulator counts them) and those of them running a segment; so
+        ``used <= offered`` and ``used / offered`` is the utilisation."""
+        offered = used = 0.0
         for a, b in zip(self.samples, self.samples[1:]):
             dt = b.t - a.t
-            used += dt * len(a.used)
-            idle += dt * len(a.idle)
-        return idle, used
+            used += dt * len(a.used & a.ready)
+            offered += dt * len(a.ready)
+        return offered, used
 
     def rescale_count(self) -> dict[str, int]:
         """Relaunches per kind (up, down, same, restart) over every malleable job."""

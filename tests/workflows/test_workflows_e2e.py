@@ -74,6 +74,7 @@ def test_two_stage_sweep_survives_a_node_leaving_mid_training(tmp_path):
     assert (df["stage"] == "search").sum() >= 3 and (df["rung"] == 1).sum() >= 1
     assert summary["rescales"] >= 1, "losing a node must relaunch the job it ran"
     assert 0 < summary["best_accuracy"] <= 1 and summary["node_seconds_used"] > 0
+    assert summary["node_seconds_used"] <= summary["node_seconds_idle"]  # conservation
     assert summary["wall_s"] <= wall + 1
 
     # the report folder

@@ -77,7 +77,7 @@ def test_recorder_node_seconds_and_report_from_synthetic_samples(tmp_path):
         Sample(1.0, ab, ab, {"s-t0-r0": ("a", "b")}, {"s-t0-r0": 100.0}, {"s-t0-r0": 180.0}),
         Sample(3.0, ab, ab, {}, {}, {}),
     ]
-    assert rec.node_seconds() == (pytest.approx(1.0), pytest.approx(1 + 4))
+    assert rec.node_seconds() == (pytest.approx(2 + 4), pytest.approx(1 + 4))  # offered, used
     t, rate, bound = throughput_series(rec.samples)
     assert rate.tolist() == [100.0, 0.0] and bound.tolist() == [200.0, 200.0]
     t, rate, bound = throughput_series(rec.samples, bin_s=10)  # one bin: 100 samples in 3 s

@@ -21,7 +21,6 @@ from typing import Any
 
 from malleparsl.apps.examples_digits import train_cnn
 from malleparsl.apps.local_runner import LocalRunner
-
 from malleparsl.errors import SpecError
 
 PRELOAD = ("malleparsl.apps.examples_digits", "sklearn.datasets")

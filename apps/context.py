@@ -40,9 +40,8 @@ from typing import Any
 from malleparsl.apps.checkpoint import CheckpointStore
 from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.apps.step import Step
-from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
-
 from malleparsl.errors import CheckpointError, SpecError
+from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
 
 log = logging.getLogger(__name__)
 

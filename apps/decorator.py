@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from malleparsl.apps.entry import RESOURCE_SPEC_KW, RankEntry
 from parsl.app.python import PythonApp
 
+from malleparsl.apps.entry import RESOURCE_SPEC_KW, RankEntry
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec, ScalingCurve
 

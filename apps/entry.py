@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from parsl.app.errors import wrap_error
+
 from malleparsl.apps.context import RescaleRequested, TrainContext
 from malleparsl.executors.protocol import RankInfo, SegmentOutcome
-from parsl.app.errors import wrap_error
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,8 @@ from typing import Any
 
 from malleparsl.apps.context import GroupBrokenError
 from malleparsl.apps.entry import RankEntry
-from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
-
 from malleparsl.errors import SpecError
+from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
 
 log = logging.getLogger(__name__)
 

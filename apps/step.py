@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from malleparsl.apps.sharding import GlobalBatchSampler
-
 from malleparsl.errors import SpecError
 
 if TYPE_CHECKING:

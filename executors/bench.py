@@ -63,9 +63,10 @@ def _common(nodes: int) -> dict[str, Any]:
 
 def _config(nodes: int, run_dir: str) -> Any:
     """One DFK holding both executors, so their batches can alternate under the same load."""
-    from malleparsl.executors.executor import MalleableExecutor
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
+
+    from malleparsl.executors.executor import MalleableExecutor
 
     htex_opts = _common(nodes)
     htex_opts["provider"].init_blocks = nodes  # stock HTEX: Parsl starts the blocks

@@ -65,10 +65,11 @@ def local_malleable_config(*, node_source: Any = None, nodes: int | None = None,
     Like ``site_configs.local.local_config`` (which this layer may not import), tuned for
     measuring: 0.1 s control polls, workers that import torch.distributed when a node starts.
     """
-    from malleparsl.executors.executor import MalleableExecutor
     from parsl.config import Config
     from parsl.launchers import SimpleLauncher
     from parsl.providers import LocalProvider
+
+    from malleparsl.executors.executor import MalleableExecutor
 
     kw: dict[str, Any] = {
         "address": "127.0.0.1",
@@ -121,9 +122,10 @@ def measure_rescale_latency(
     Only rescales decided while the job was past its start-up count (``RescaleRecord.steady``):
     a stop cannot take effect before the first step boundary.
     """
+    from parsl.dataflow.dflow import DataFlowKernel
+
     from malleparsl.executors.manual_source import ManualNodeSource
     from malleparsl.executors.synthetic import synthetic_entry
-    from parsl.dataflow.dflow import DataFlowKernel
 
     if nodes < 2:
         raise ValueError(f"nodes must be >= 2 to shrink and grow, got {nodes!r}")

@@ -23,13 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
-from malleparsl.executors.planning import build_policy, spec_from_options
-from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
-
 from malleparsl.allocator.base import AllocationPolicy
 from malleparsl.controller import Controller, CurveAdvisor
 from malleparsl.errors import SpecError
+from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
+from malleparsl.executors.planning import build_policy, spec_from_options
+from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
 from malleparsl.model import NodeId
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
@@ -150,13 +149,14 @@ class ControlLoop:
         log.info("control loop started: store %s:%d, %d node(s) ready",
                  self.store_host, self.store_port, len(ready))
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread; jobs not finished fail with :class:`JobAbortedError`."""
+    def stop(self, timeout_s: float = 10.0,
+             why: str = "the executor shut down before the job finished") -> None:
+        """Stop the thread; jobs not finished fail with :class:`JobAbortedError` saying ``why``."""
         self._stop.set()
         self._queue.put(("wake",))
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
-        self._abort_all("the executor shut down before the job finished")
+        self._abort_all(why)
         if self.node_source is not None:
             self.node_source.close()
 

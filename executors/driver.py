@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
-
 from malleparsl.errors import MalleparslError
+from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
 from malleparsl.model import JobSpec, NodeId
 
 log = logging.getLogger(__name__)

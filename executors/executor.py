@@ -29,14 +29,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from malleparsl.executors.interchange import AFFINITY_KEY, CONTROL_KEY
-from malleparsl.executors.nodes import (
-    NodeTable,
-    local_process_groups,
-    probe_node,
-    tolerant_error_handler,
-)
-from malleparsl.executors.protocol import as_entry
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import ManagerLost
 from parsl.jobs.states import JobState, JobStatus
@@ -45,6 +37,14 @@ from parsl.serialize import pack_apply_message
 from parsl.serialize.errors import SerializationError
 
 from malleparsl.errors import SpecError
+from malleparsl.executors.interchange import AFFINITY_KEY, CONTROL_KEY
+from malleparsl.executors.nodes import (
+    NodeTable,
+    local_process_groups,
+    probe_node,
+    tolerant_error_handler,
+)
+from malleparsl.executors.protocol import as_entry
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ class MalleableExecutor(HighThroughputExecutor):
     def _make_control(self) -> Any:
         try:
             import torch.distributed  # noqa: F401  (the control loop serves a TCPStore)
+
             from malleparsl.executors.control import ControlLoop
         except ImportError as exc:
             log.warning("malleable jobs disabled (%s); ordinary Parsl apps still run", exc)
@@ -284,6 +285,8 @@ class MalleableExecutor(HighThroughputExecutor):
 
     def submit(self, func: Callable, resource_specification: dict, *args: Any, **kwargs: Any) -> Future:
         spec = resource_specification or {}
+        if self.bad_state_is_set:
+            raise self.executor_exception
         if "malleable" in spec:
             if self.control is None:
                 raise SpecError(
@@ -296,6 +299,13 @@ class MalleableExecutor(HighThroughputExecutor):
             self.validate_resource_spec(spec)
             return self.submit_to_node(spec["node"], func, *args, **kwargs)
         return super().submit(func, resource_specification, *args, **kwargs)
+
+    def set_bad_state_and_fail_all(self, exception: Exception) -> None:
+        """Fail ordinary tasks (Parsl's behaviour) and every malleable job, queued or running:
+        with no node able to start, nobody should wait on them."""
+        super().set_bad_state_and_fail_all(exception)
+        if self.control is not None:
+            self.control.stop(why=f"the executor cannot start nodes: {exception}")
 
     def submit_to_node(self, node: NodeId, func: Callable, *args: Any, **kwargs: Any) -> Future:
         """Run ``func(*args, **kwargs)`` on ``node`` only.

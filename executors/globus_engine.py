@@ -33,6 +33,7 @@ from globus_compute_endpoint.engines import GlobusComputeEngine
 from globus_compute_endpoint.engines.base import GCExecutorFuture
 from globus_compute_endpoint.exception_handling import get_error_string, get_result_error_details
 from globus_compute_sdk.serialize import ComputeSerializer
+
 from malleparsl.executors.executor import MalleableExecutor
 from malleparsl.executors.protocol import as_entry
 

@@ -221,8 +221,10 @@ def tolerant_error_handler(executor: Any, status: Mapping[str, Any]) -> None:
 
     Parsl's default handler fails every task once all blocks have failed, which would turn the
     loss of the last node into a failed workflow. Here the executor is put in a bad state only
-    when at least three pilots failed and none ever registered (a broken launch command or
-    environment), which is a configuration error nobody should wait on.
+    while no pilot has ever registered, and then when every pilot failed and either there were
+    at least three, or one exited 126/127 (the shell could not find or run the worker command:
+    the venv is not on the nodes' PATH, say). Both are configuration errors nobody should wait
+    on.
     """
     from parsl.jobs.error_handlers import _get_error
     from parsl.jobs.states import JobState
@@ -231,5 +233,6 @@ def tolerant_error_handler(executor: Any, status: Mapping[str, Any]) -> None:
     if table is not None and any(r.ready_at is not None for r in table.records()):
         return
     failed = [s for s in status.values() if s.state in (JobState.FAILED, JobState.MISSING)]
-    if len(failed) >= 3 and len(failed) == len(status):
+    not_runnable = any(s.exit_code in (126, 127) for s in failed)
+    if failed and len(failed) == len(status) and (len(failed) >= 3 or not_runnable):
         executor.set_bad_state_and_fail_all(_get_error(dict(status)))

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
-
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)

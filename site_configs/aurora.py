@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import check_positive, pbs_facility
 from parsl.config import Config
 
 from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
+from malleparsl.site_configs.common import check_positive, pbs_facility
 
 DEFAULT_WORKER_INIT = (
     "module load frameworks; source ~/malleparsl-env/bin/activate  # YOUR environment"

@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from malleparsl.executors.executor import MalleableExecutor
 from parsl.config import Config
 
 from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
+from malleparsl.executors.executor import MalleableExecutor
 from malleparsl.model import NodeId
 
 _WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")

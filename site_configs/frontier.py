@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import check_positive, slurm_facility
 from parsl.config import Config
 
 from malleparsl.scavenger.shell import Runner
+from malleparsl.site_configs.common import check_positive, slurm_facility
 
 DEFAULT_WORKER_INIT = (
     "module load PrgEnv-gnu rocm; source ~/malleparsl-env/bin/activate  # YOUR environment"

@@ -11,12 +11,12 @@ import os
 import sys
 from typing import Any
 
-from malleparsl.executors.executor import MalleableExecutor
 from parsl.config import Config
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
 
 from malleparsl.errors import SpecError
+from malleparsl.executors.executor import MalleableExecutor
 
 
 def local_config(*, nodes: int = 4, run_dir: str | None = None, **executor_options: Any) -> Config:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from malleparsl.site_configs.common import check_positive, pbs_facility
 from parsl.config import Config
 
 from malleparsl.scavenger.shell import Runner
+from malleparsl.site_configs.common import check_positive, pbs_facility
 
 DEFAULT_WORKER_INIT = (
     "module use /soft/modulefiles; module load conda; conda activate base; "

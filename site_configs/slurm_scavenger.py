@@ -17,7 +17,6 @@ import os
 import sys
 from typing import Any
 
-from malleparsl.site_configs.common import facility_config, jobs_demand, nodes_in_use  # noqa: F401
 from parsl.config import Config
 from parsl.launchers import SimpleLauncher
 
@@ -25,6 +24,7 @@ from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
 from malleparsl.scavenger.slurm import SlurmScavenger
 from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
+from malleparsl.site_configs.common import facility_config, jobs_demand, nodes_in_use  # noqa: F401
 
 
 def slurm_scavenger_config(

@@ -136,6 +136,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
     ``wall_s`` counts from ``t_start`` (default: now) to the report written.
     """
     import parsl
+
     from malleparsl.site_configs.local import local_config
 
     from .apprunner import AppTrialRunner

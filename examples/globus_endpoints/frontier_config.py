@@ -7,6 +7,7 @@ config.yaml), replace the YOUR_* placeholders, then ``globus-compute-endpoint st
 """
 
 from globus_compute_endpoint.endpoint.config import UserEndpointConfig
+
 from malleparsl.executors.globus_engine import MalleableEngine
 from malleparsl.site_configs.frontier import frontier_config
 

@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 import torch
-from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
 
+from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
 from malleparsl.errors import CheckpointError, SpecError
 
 

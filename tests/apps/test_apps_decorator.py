@@ -5,11 +5,11 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from parsl.app.errors import wrap_error
+
 from malleparsl.apps import MalleableApp, RankEntry, malleable_app
 from malleparsl.apps.decorator import validate_options
 from malleparsl.apps.examples_digits import train_mlp
-from parsl.app.errors import wrap_error
-
 from malleparsl.errors import SpecError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from malleparsl.apps.sharding import GlobalBatchSampler
 
+from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.errors import SpecError
 
 

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+
 from malleparsl.apps.bench_train import digits_cnn_throughput
 from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning
 from malleparsl.apps.examples_digits import train_cnn, train_mlp

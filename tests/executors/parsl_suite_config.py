@@ -7,8 +7,9 @@ shape as Parsl's ``htex_local`` test config (one node, as many workers as cores,
 
 from __future__ import annotations
 
-from malleparsl.site_configs.local import local_config
 from parsl.config import Config
+
+from malleparsl.site_configs.local import local_config
 
 
 def fresh_config() -> Config:

@@ -10,6 +10,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import pytest
+from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.controller import JobState as CtlJobState
+from malleparsl.errors import SpecError
 from malleparsl.executors.bench_rescale import KeepAndFillPolicy
 from malleparsl.executors.driver import (
     DriverEvent,
@@ -21,11 +26,6 @@ from malleparsl.executors.driver import (
 from malleparsl.executors.manual_source import ManualNodeSource
 from malleparsl.executors.planning import LinearPlaceholderAdvisor, build_policy, spec_from_options
 from malleparsl.executors.protocol import SegmentOutcome, stop_key
-from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
-
-from malleparsl.allocator.base import ClusterSnapshot, JobView
-from malleparsl.controller import JobState as CtlJobState
-from malleparsl.errors import SpecError
 from malleparsl.model import Allocation, JobSpec
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from malleparsl.executors import MalleableExecutor
-from malleparsl.executors.interchange import AFFINITY_KEY
-from malleparsl.site_configs.local import local_config
 from parsl.executors.errors import InvalidResourceSpecification
 from parsl.providers import LocalProvider
 
 from malleparsl.errors import SpecError
+from malleparsl.executors import MalleableExecutor
+from malleparsl.executors.interchange import AFFINITY_KEY
+from malleparsl.site_configs.local import local_config
 
 
 class FakeControl:

@@ -14,11 +14,11 @@ import threading
 import time
 
 import pytest
-from malleparsl.site_configs.local import local_config
 from parsl.executors.errors import InvalidResourceSpecification
 from parsl.executors.high_throughput.errors import ManagerLost
 
 from malleparsl.errors import SpecError
+from malleparsl.site_configs.local import local_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

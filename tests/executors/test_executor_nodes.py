@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from malleparsl.executors.nodes import NodeTable, probe_node, tolerant_error_handler
 
 from malleparsl.errors import SpecError
+from malleparsl.executors.nodes import NodeTable, probe_node, tolerant_error_handler
 
 
 def mgr(block: str, manager: str = "m", active: bool = True) -> dict:
@@ -124,6 +124,21 @@ def test_error_handler_gives_up_only_when_no_pilot_ever_worked():
     assert ex.bad is None  # one pilot still runs
     tolerant_error_handler(ex, _status(JobState.FAILED, JobState.MISSING, JobState.FAILED))
     assert ex.bad is not None  # a broken launch: fail the tasks instead of hanging
+
+
+def test_error_handler_gives_up_at_once_when_the_worker_command_cannot_run():
+    from parsl.jobs.states import JobState, JobStatus
+
+    for code in (126, 127):
+        ex = FakeExecutor(NodeTable())
+        tolerant_error_handler(ex, {"0": JobStatus(JobState.FAILED, exit_code=code)})
+        assert ex.bad is not None and f"EXIT CODE: {code}" in str(ex.bad)
+    ex = FakeExecutor(NodeTable())
+    tolerant_error_handler(ex, {"0": JobStatus(JobState.FAILED, exit_code=127),
+                                "1": JobStatus(JobState.RUNNING)})
+    assert ex.bad is None  # another pilot may still come up
+    tolerant_error_handler(ex, {"0": JobStatus(JobState.FAILED, exit_code=143)})
+    assert ex.bad is None  # a killed pilot (preemption) is no configuration error
 
 
 def test_error_handler_tolerates_losing_every_node_after_one_worked():

@@ -17,13 +17,12 @@ parsl = pytest.importorskip("parsl")
 pytest.importorskip("torch.distributed")
 pytest.importorskip("sklearn")
 
+from malleparsl.allocator import make_policy  # noqa: E402
+from malleparsl.allocator.base import AllocationPolicy  # noqa: E402
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.examples_digits import train_digits  # noqa: E402
 from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-
-from malleparsl.allocator import make_policy  # noqa: E402
-from malleparsl.allocator.base import AllocationPolicy  # noqa: E402
 from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]

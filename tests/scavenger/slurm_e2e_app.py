@@ -16,6 +16,7 @@ def train_logged(ctx: Any, *, log_path: str, total_steps: int, step_sleep_s: flo
                  global_batch: int = 64) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
+
     from malleparsl.apps.examples_digits import MLP, load_digits_tensors
 
     x, y = load_digits_tensors()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config
 
 from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import CommandResult
 from malleparsl.scavenger.slurm import SlurmScavenger
 from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
+from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config
 
 
 def _no_scheduler(cmd: str) -> CommandResult:

@@ -20,9 +20,8 @@ parsl = pytest.importorskip("parsl")
 pytest.importorskip("torch")
 
 from malleparsl.apps import malleable_app  # noqa: E402
-from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config  # noqa: E402
-
 from malleparsl.scavenger.slurm_parse import expand_hostlist  # noqa: E402
+from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from globus_compute_endpoint.endpoint.config import UserEndpointConfig
 from globus_compute_endpoint.endpoint.config.utils import _load_config_py
+
 from malleparsl.executors import MalleableExecutor
 from malleparsl.executors.globus_engine import MalleableEngine
 

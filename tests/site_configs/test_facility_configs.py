@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 
 import pytest
+
+from malleparsl.errors import SpecError
 from malleparsl.executors import MalleableExecutor
+from malleparsl.scavenger.shell import CommandResult
 from malleparsl.site_configs.aurora import aurora_config
 from malleparsl.site_configs.common import render_pilot_script
 from malleparsl.site_configs.frontier import frontier_config
 from malleparsl.site_configs.perlmutter import perlmutter_config
 from malleparsl.site_configs.polaris import polaris_config
-
-from malleparsl.errors import SpecError
-from malleparsl.scavenger.shell import CommandResult
 
 
 class FakeScheduler:

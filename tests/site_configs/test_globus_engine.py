@@ -15,6 +15,7 @@ from globus_compute_common import messagepack
 from globus_compute_common.messagepack.message_types import Result, Task
 from globus_compute_endpoint.engines.base import GCFuture
 from globus_compute_sdk.serialize import ComputeSerializer
+
 from malleparsl.apps.examples_digits import train_mlp
 from malleparsl.executors import MalleableExecutor
 from malleparsl.executors.globus_engine import MalleableEngine

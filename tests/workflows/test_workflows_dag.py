@@ -5,6 +5,8 @@ import threading
 import time
 
 import pytest
+
+from malleparsl.errors import SpecError
 from malleparsl.workflows.dag import (
     FixedTrials,
     FunctionStage,
@@ -17,8 +19,6 @@ from malleparsl.workflows.hpo import ASHA
 from malleparsl.workflows.runner import ThreadTrialRunner
 from malleparsl.workflows.scheduler import Budget
 from malleparsl.workflows.space import IntRange, SearchSpace
-
-from malleparsl.errors import SpecError
 
 
 def fixed(*xs):

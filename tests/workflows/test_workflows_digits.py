@@ -2,11 +2,11 @@
 promoted trial from its checkpoint and reaches the demo's accuracy target."""
 
 import pytest
+
+from malleparsl.errors import SpecError
 from malleparsl.workflows.apprunner import AppTrialRunner, run_plain_trial
 from malleparsl.workflows.digits import total_steps, train_digits
 from malleparsl.workflows.scheduler import Suggestion
-
-from malleparsl.errors import SpecError
 
 CFG = {"lr": 1e-2, "width": 64, "depth": 1, "batch_size": 64}
 

@@ -7,9 +7,9 @@ import sqlite3
 import time
 
 import pytest
-from malleparsl.workflows.demo import DemoSettings, run_demo
 
 from malleparsl.scavenger.base import NodeEvent, NodeSource
+from malleparsl.workflows.demo import DemoSettings, run_demo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

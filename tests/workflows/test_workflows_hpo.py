@@ -5,11 +5,11 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from malleparsl.errors import SpecError
 from malleparsl.workflows.hpo import ASHA, successive_halving
 from malleparsl.workflows.scheduler import Budget, Decision
 from malleparsl.workflows.space import Choice, IntRange, LogUniform, SearchSpace
-
-from malleparsl.errors import SpecError
 
 SPACE = SearchSpace({"q": IntRange(0, 1000)})
 

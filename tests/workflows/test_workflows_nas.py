@@ -5,9 +5,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from malleparsl.workflows.nas import ArchSpace, RegularizedEvolution, build_model
 
 from malleparsl.errors import SpecError
+from malleparsl.workflows.nas import ArchSpace, RegularizedEvolution, build_model
 
 
 def fitness(arch):

@@ -3,10 +3,11 @@
 import io
 import time
 
+from rich.console import Console
+
 from malleparsl.workflows.progress import ProgressView
 from malleparsl.workflows.runner import ThreadTrialRunner, TrialEvent
 from malleparsl.workflows.timeline import Recorder, Sample
-from rich.console import Console
 
 
 def test_state_counts_nodes_trials_and_best_and_renders_without_a_terminal():

@@ -5,10 +5,10 @@ import json
 
 import pandas as pd
 import pytest
-from malleparsl.workflows.replay import compress, demo_source, pick_slice
 
 from malleparsl.errors import SpecError
 from malleparsl.traces import IdleTrace, load_trace
+from malleparsl.workflows.replay import compress, demo_source, pick_slice
 
 
 def frags(rows):

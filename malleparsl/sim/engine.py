@@ -207,7 +207,7 @@ class _Replay:
         if dt <= 0:
             return
         used, gained = 0, 0.0
-        for jid in self.running:
+        for jid in sorted(self.running):  # sorted: float sums independent of hash order
             r = self.runs[jid]
             used += r.size
             eff = t - max(now, r.pause_until)
@@ -271,7 +271,7 @@ class _Replay:
     def _measure(self) -> bool:
         """Noisy rate measurements for a learning advisor, after a warm-up at each size."""
         o, told = self.opts, False
-        for jid in self.running:
+        for jid in sorted(self.running):  # sorted: noise draws must not depend on str hashing
             r = self.runs[jid]
             if self.now - r.steady_since >= o.warmup_s and self.now - r.last_observed >= (
                 o.observe_every_s
@@ -291,7 +291,7 @@ class _Replay:
         self.solve.append(ctl.history[-1].solve_s)
         ctl.history.clear()
         changed = set(plan.changed_jobs) | set(lost)
-        for jid in changed:
+        for jid in sorted(changed):
             r = self.runs[jid]
             new_size = ctl.allocation.size(jid)
             grows = jid in plan.start or jid in plan.grow

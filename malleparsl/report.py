@@ -33,6 +33,7 @@ TABLE_COLUMNS: list[tuple[str, str, str]] = [
     ("pause_s", "pause s", "{:,.0f}"),
     ("preempt_pause_s", "preempt s", "{:,.0f}"),
     ("jobs_done", "jobs done", "{}"),
+    ("mean_jct_h", "mean JCT h", "{:.2f}"),
     ("solver_median_ms", "solve med ms", "{:.1f}"),
     ("solver_p95_ms", "p95 ms", "{:.1f}"),
     ("solver_max_ms", "max ms", "{:.0f}"),

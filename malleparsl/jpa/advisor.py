@@ -19,8 +19,8 @@ sizes sigma is the measurement error; between and beyond them it is the disagree
 model structures that fit the data, so sizes where the structures disagree look attractive until
 someone runs there — and every run segment at any size is a measurement. Optimism never exceeds
 linear scaling from the best per-node rate seen (no job is promised super-linear speed-up), and
-``explore_factor`` (off by default) can also cap growth to that multiple of the largest explored
-size, flat beyond. Rescale pauses measured live replace the spec's values.
+``explore_factor`` (default 4; ``None`` turns it off) caps growth to that multiple of the largest
+explored size, flat beyond. Rescale pauses measured live replace the spec's values.
 
 A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
 without a usable reading and is retried after an exponential back-off; its probe node-seconds

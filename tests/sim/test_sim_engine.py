@@ -54,6 +54,19 @@ def test_job_finishes_at_its_total_and_frees_its_nodes():
     assert r.samples == pytest.approx(1000 + jobs.loc["b", "samples"])
 
 
+def test_completion_times_when_every_job_finishes():
+    r = simulate(TWO, [job("a", total=1000), job("b", total=2000)], policy="static",
+                 options=SimOptions(max_active=1))
+    # a: done at 60 (see above); b starts at 60, pays 10 s, 2 nodes at 20/s -> done at 170
+    row = r.summary()
+    assert row["mean_jct_h"] == pytest.approx((60 + 170) / 2 / 3600)
+    assert row["last_finish_h"] == pytest.approx(170 / 3600)
+    open_ended = simulate(TWO, [job("a", total=1000), job("b")], policy="static",
+                          options=SimOptions(max_active=1)).summary()
+    assert open_ended["last_finish_h"] is None  # b never finishes: no makespan
+    assert open_ended["mean_jct_h"] == pytest.approx(60 / 3600)
+
+
 def test_concurrency_cap_admits_in_submission_order():
     jobs = [job(f"j{i}", submit=float(i)) for i in range(4)]
     trace = trace_from_fragments([(f"n{i}", 0, 100) for i in range(8)])

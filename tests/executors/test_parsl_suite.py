@@ -3,7 +3,10 @@
 Ordinary Parsl apps must run unchanged on the malleable executor: the suite runs with
 ``parsl_suite_config.py`` (Parsl's ``htex_local`` test config with the executor swapped) and
 must pass exactly as stock HTEX does here. Tests marked ``cleannet`` need the internet (FTP and
-HTTPS staging) and fail on stock HTEX too without it, so they are deselected.
+HTTPS staging) and fail on stock HTEX too without it, so they are deselected. So is
+``test_stdout_stderr_staging_zip``: it opens the zip as soon as stdout is staged, while stderr
+may still be writing it, and fails now and then on any executor ("Bad magic number for central
+directory"; Parsl/parsl#3467, seen once in our CI).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 pytestmark = [pytest.mark.parsl_suite, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 CONFIG = Path(__file__).with_name("parsl_suite_config.py")
-STOCK_PASSED = {"2026.10.26": 143}  # stock htex_local here, `-m "not cleannet"`
+STOCK_PASSED = {"2026.10.26": 142}  # stock htex_local here, with the same deselections
 
 
 def run_suite(cwd: Path) -> tuple[int, str]:
@@ -29,7 +32,8 @@ def run_suite(cwd: Path) -> tuple[int, str]:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     cmd = [
         sys.executable, "-m", "pytest", str(tests), "--config", str(CONFIG),
-        "-k", "not unix_filesystem_permissions_required", "-m", "not cleannet",
+        "-k", "not unix_filesystem_permissions_required and not test_stdout_stderr_staging_zip",
+        "-m", "not cleannet",
         "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
     ]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1400)

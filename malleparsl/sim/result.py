@@ -82,8 +82,7 @@ class SimResult:
             "jobs_done": int(self.jobs_done),
             "jobs_submitted": int(self.jobs_submitted),
             # when a workload runs out (every job done) samples tie; completion times still differ
-            "mean_jct_h": self._mean_jct_h(),
-            "last_finish_h": self._last_finish_h(),
+            **self._completion_h(),
             "replans": int(self.replans),
             "solver_median_ms": float(np.median(s)),
             "solver_p95_ms": float(np.percentile(s, 95)),
@@ -92,23 +91,17 @@ class SimResult:
             **self.extra,
         }
 
-    def _done(self) -> pd.DataFrame:
-        j = self.jobs
-        if j is None or j.empty or "finish_s" not in j:
-            return pd.DataFrame(columns=["submit_s", "finish_s"])
-        return j[j["finish_s"].notna()]
-
-    def _mean_jct_h(self) -> float | None:
-        """Mean submission-to-finish time of the finished jobs, in hours."""
-        d = self._done()
-        return None if d.empty else float((d["finish_s"] - d["submit_s"]).mean() / 3600)
-
-    def _last_finish_h(self) -> float | None:
-        """Hours from the window start to the last finish, once every submitted job is done."""
-        d = self._done()
-        if d.empty or self.jobs_done < self.jobs_submitted:
-            return None
-        return float((d["finish_s"].max() - self.start_s) / 3600)
+    def _completion_h(self) -> dict[str, float | None]:
+        """``mean_jct_h``: mean submission-to-finish time of the finished jobs; ``last_finish_h``:
+        window start to the last finish, once every submitted job is done (hours)."""
+        done = self.jobs[self.jobs["finish_s"].notna()]
+        if done.empty:
+            return {"mean_jct_h": None, "last_finish_h": None}
+        all_done = self.jobs_done >= self.jobs_submitted
+        return {
+            "mean_jct_h": float((done["finish_s"] - done["submit_s"]).mean() / 3600),
+            "last_finish_h": float((done["finish_s"].max() - self.start_s) / 3600) if all_done else None,
+        }
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
         """Write the per-event log, size changes and per-job table as CSV under ``out_dir``."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import sys
 import time
 
 import pytest
@@ -36,7 +34,6 @@ WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.dataset
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     tmp = tmp_path_factory.mktemp("apps-e2e")
     src = ManualNodeSource(nodes=["n0", "n1", "n2"])
     dfk = parsl.load(local_config(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import operator
 import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -27,7 +26,6 @@ HEARTBEAT_THRESHOLD = 3
 
 def start_executor(run_dir: str, *, nodes: int, listener=None, **options):
     """Start the executor of ``local_config`` the way Parsl's DataFlowKernel does."""
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     cfg = local_config(nodes=nodes, run_dir=run_dir, **options)
     ex = cfg.executors[0]
     ex.run_dir, ex.run_id, ex.log_config, ex.monitoring_messages = run_dir, "test", None, None

@@ -30,9 +30,7 @@ def alive(pid: int) -> bool:
 
 
 def test_killed_client_takes_interchange_and_nodes_with_it(tmp_path):
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen([sys.executable, str(CLIENT), str(tmp_path)], env=env,
+    proc = subprocess.Popen([sys.executable, str(CLIENT), str(tmp_path)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     node_pgid = None
     try:

@@ -11,7 +11,6 @@ directory"; Parsl/parsl#3467, seen once in our CI).
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -28,15 +27,13 @@ STOCK_PASSED = {"2026.10.26": 142}  # stock htex_local here, with the same desel
 
 def run_suite(cwd: Path) -> tuple[int, str]:
     tests = Path(parsl.__file__).parent / "tests"
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     cmd = [
         sys.executable, "-m", "pytest", str(tests), "--config", str(CONFIG),
         "-k", "not unix_filesystem_permissions_required and not test_stdout_stderr_staging_zip",
         "-m", "not cleannet",
         "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
     ]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1400)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1400)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -62,6 +62,10 @@ def exactly(ex, src, n):
     for node in sorted(ex.ready_nodes())[n:]:
         src.take(node)
     wait_for(lambda: len(ex.ready_nodes()) == n, what=f"exactly {n} ready nodes")
+    # the control thread learns of a ready node asynchronously: a job admitted before it has
+    # would start smaller than the test expects
+    wait_for(lambda: set(ex.control.controller.nodes) == set(ex.ready_nodes()),
+             what=f"the controller to plan with those {n} nodes")
     return sorted(ex.ready_nodes())
 
 

@@ -13,12 +13,19 @@ checkpoint must never be half-visible and a damaged one must never be loaded sil
   directory cannot run code; keep checkpoint contents to tensors, numbers, strings, lists and
   dicts (model and optimizer ``state_dict()``s qualify).
 
-Files are named ``ckpt-<step:010d>.pt``; the newest ``keep`` are kept.
+* **fail-safe when the disk is full**: a write that fails with ``ENOSPC``/``EDQUOT`` removes its
+  temporary file, keeps the previous checkpoint and raises :class:`CheckpointWriteError` (a
+  system fault, not a user error).
+
+Files are named ``ckpt-<step:010d>.pt``; the newest ``keep`` are kept, never the file just
+written. :func:`state_layout` describes what a checkpoint holds (keys, shapes, dtypes and
+classes) so a resumed job can refuse a checkpoint of another model or optimizer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import logging
@@ -30,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from malleparsl.errors import CheckpointError, SpecError
+from malleparsl.errors import CheckpointError, CheckpointWriteError, SpecError
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"MALLEPARSL-CKPT-1\n"
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
 _DIGEST_LEN = 64  # hex SHA-256
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -115,8 +123,9 @@ class CheckpointStore:
         digest = hashlib.sha256(payload).hexdigest().encode("ascii")
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=self.directory)
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=self.directory)
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC)
                 f.write(digest + b"\n")
@@ -124,17 +133,39 @@ class CheckpointStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        except BaseException as exc:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+                prev = [c.step for c in self.list() if c.path != final]
+                kept = f"step {prev[-1]}" if prev else "none: there was no earlier one"
+                raise CheckpointWriteError(
+                    f"disk full while writing the checkpoint of step {step} to "
+                    f"{self.directory} ({exc.strerror}, {len(payload)} bytes); the previous "
+                    f"checkpoint is kept ({kept}); free space there or give the job another "
+                    "ckpt_dir"
+                ) from exc
             raise
         _fsync_dir(self.directory)
         log.debug("checkpoint step %d written to %s (%d bytes)", step, final, len(payload))
-        self._prune()
+        self._prune(written=final)
         return final
 
-    def _prune(self) -> None:
-        for info in self.list()[: -self.keep]:
+    def _prune(self, *, written: Path) -> None:
+        """Keep ``written`` (the file just saved) and the ``keep - 1`` checkpoints before it.
+
+        A file of a *higher* step cannot belong to this run's past (steps only grow): it is a
+        stale or damaged leftover, and is removed so that it can never be resumed from.
+        """
+        infos = self.list()
+        mine = next((c.step for c in infos if c.path == written), None)
+        for info in infos:
+            if mine is not None and info.step > mine:
+                log.warning("removing %s: a higher step than the checkpoint just written", info.path)
+                info.path.unlink(missing_ok=True)
+        older = [c for c in infos if mine is not None and c.step < mine]
+        for info in older[: max(0, len(older) - (self.keep - 1))]:
             info.path.unlink(missing_ok=True)  # another writer may have pruned it first
 
     def read(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -188,3 +219,55 @@ class CheckpointStore:
                 + ". Remove the directory to restart the job from scratch."
             )
         return None
+
+
+def _leaf_layout(prefix: str, value: Any, out: list[str]) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        out.append(f"{prefix}:{tuple(value.shape)}:{value.dtype}")
+    elif isinstance(value, dict):
+        for k in sorted(value, key=str):
+            _leaf_layout(f"{prefix}.{k}" if prefix else str(k), value[k], out)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _leaf_layout(f"{prefix}[{i}]", v, out)
+    else:
+        out.append(f"{prefix}:{type(value).__name__}")
+
+
+def state_layout(obj: Any) -> list[str]:
+    """What ``obj``'s checkpointed state looks like: its class, then keys, shapes and dtypes.
+
+    For an optimizer (anything with ``param_groups``) the layout is the shapes and dtypes of
+    the parameters of each group, since its per-parameter state appears only after a step.
+    Values are not part of it: a layout says whether a checkpoint *fits*, not what it holds.
+
+    >>> import torch
+    >>> state_layout(torch.nn.Linear(2, 1))
+    ['class:Linear', 'bias:(1,):torch.float32', 'weight:(1, 2):torch.float32']
+    """
+    out = [f"class:{type(obj).__qualname__}"]
+    groups = getattr(obj, "param_groups", None)
+    if isinstance(groups, list):
+        for g, group in enumerate(groups):
+            for i, p in enumerate(group.get("params", [])):
+                out.append(f"group{g}[{i}]:{tuple(p.shape)}:{p.dtype}")
+        return out
+    _leaf_layout("", obj.state_dict(), out)
+    return out
+
+
+def layout_difference(name: str, stored: list[str], current: list[str]) -> str | None:
+    """``None`` when the layouts match; else a short description of the first difference."""
+    if stored == current:
+        return None
+    for i, (a, b) in enumerate(zip(stored, current)):
+        if a != b:
+            return f"{name}: entry {i} is {a!r} in the checkpoint but {b!r} here"
+    longer, n = ("checkpoint", len(stored)) if len(stored) > len(current) else ("job", len(current))
+    extra = (stored if len(stored) > len(current) else current)[min(len(stored), len(current))]
+    return (
+        f"{name}: the checkpoint has {len(stored)} entries, this job {len(current)} (the "
+        f"{longer}'s {n} include {extra!r})"
+    )

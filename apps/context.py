@@ -37,7 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from malleparsl.apps.checkpoint import CheckpointStore
+from malleparsl.apps.checkpoint import CheckpointStore, layout_difference, state_layout
 from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
@@ -70,7 +70,13 @@ class TrainContext:
     ``pg_timeout_s`` (120), ``torch_threads`` (None: torch's default; use 1 when several
     emulated nodes share a machine), ``deterministic`` (True), ``total_samples`` (None),
     ``pace_s_per_sample`` (0: for demos and tests, each rank sleeps this long per local sample
-    every step, emulating a heavier model that scales perfectly).
+    every step, emulating a heavier model that scales perfectly), ``resume`` (False: the first
+    segment refuses a checkpoint folder that already holds checkpoints; True: continue from
+    them, even if another job id wrote them, e.g. the next rung of a trial).
+
+    A checkpoint records the job id and the layout of every registered object
+    (:func:`~malleparsl.apps.checkpoint.state_layout`); one of another model or optimizer is
+    refused with :class:`~malleparsl.errors.CheckpointError`.
     """
 
     def __init__(
@@ -211,10 +217,48 @@ class TrainContext:
 
     def _payload(self) -> dict[str, Any]:
         return {
-            "format": 1, "step": self.step, "samples": self.samples,
+            "format": 2, "step": self.step, "samples": self.samples, "job_id": self.job_id,
+            "layout": {k: state_layout(o) for k, o in self._objects.items()},
             "state": {k: o.state_dict() for k, o in self._objects.items()},
             "extra": self.extra, "history": self.history,
         }
+
+    def _check_fits(self, step: int, payload: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another job (unless resuming was asked) or another layout."""
+        where = f"checkpoint of step {step} in {self.ckpt.directory if self.ckpt else '?'}"
+        writer = payload.get("job_id")
+        if writer is not None and writer != self.job_id and not self.options.get("resume"):
+            raise CheckpointError(
+                f"{where} was written by job {writer!r}, not this job {self.job_id!r}; pass "
+                "resume=True in the malleable options to continue from it, or use a fresh "
+                "ckpt_dir"
+            )
+        if payload.get("format", 1) < 2:
+            log.warning("%s has no layout record (written by an older malleparsl)", where)
+            return
+        layouts = payload.get("layout", {})
+        for name, obj in self._objects.items():
+            diff = layout_difference(name, list(layouts.get(name, [])), state_layout(obj))
+            if diff is not None:
+                raise CheckpointError(
+                    f"{where} does not fit this job's {name}: {diff}; it was written for "
+                    "another model or optimizer. Use a fresh ckpt_dir (or job_id) for a "
+                    "changed model"
+                )
+
+    def _check_folder_reuse(self) -> None:
+        """The first segment of a job starts from scratch unless ``resume`` is asked: a folder
+        that already holds checkpoints (an earlier run's) is refused, never silently used."""
+        if self.ckpt is None or self.segment != 0 or self.options.get("resume"):
+            return
+        found = self.ckpt.list()
+        if found:
+            raise CheckpointError(
+                f"checkpoint folder {self.ckpt.directory} already holds {len(found)} "
+                f"checkpoint(s) (newest step {found[-1].step}) from an earlier run, and job "
+                f"{self.job_id!r} starts fresh; pass resume=True in the malleable options to "
+                "continue from them, or use a fresh ckpt_dir / job_id"
+            )
 
     def save(self) -> Path | None:
         """Checkpoint now (rank 0 writes; the state is replicated). Returns the path on rank 0."""
@@ -234,9 +278,11 @@ class TrainContext:
         """
         self._begun = True
         t0 = time.monotonic()
+        self._check_folder_reuse()
         found = self.ckpt.load_latest() if self.ckpt is not None else None
         if found is not None:
             step, payload = found
+            self._check_fits(step, payload)
             missing = set(self._objects) - set(payload.get("state", {}))
             if missing:
                 raise CheckpointError(f"checkpoint at step {step} lacks state for {sorted(missing)}")

@@ -31,6 +31,7 @@ from malleparsl.apps.context import GroupBrokenError
 from malleparsl.apps.entry import RankEntry
 from malleparsl.errors import SpecError
 from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
+from malleparsl.names import check_safe_name
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class LocalRunner:
         ``finished=False``; a later ``run`` with the same ``job_id`` resumes from the
         checkpoint.
         """
-        job_id = job_id or f"local-{uuid.uuid4().hex[:8]}"
+        job_id = check_safe_name(job_id or f"local-{uuid.uuid4().hex[:8]}", what="job_id")
         options = {"progress_interval_s": 0.0, **(options or {})}
         entry = fn if isinstance(fn, RankEntry) else RankEntry(fn)
         report = RunReport(result=None)

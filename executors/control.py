@@ -30,6 +30,7 @@ from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJ
 from malleparsl.executors.planning import build_policy, spec_from_options
 from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
 from malleparsl.model import NodeId
+from malleparsl.names import check_safe_name
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class ControlLoop:
         if not self.alive:
             raise RuntimeError("the control loop is not running; start the executor first")
         spec = spec_from_options(options, now_s=self.clock())
+        check_safe_name(spec.job_id, what="job_id")  # it becomes <ckpt_root>/<job_id>
         opts = {**dict(options), "job_id": spec.job_id}
         ckpt_dir = str(opts.get("ckpt_dir") or os.path.join(self.ckpt_root, spec.job_id))
         opts["ckpt_dir"] = ckpt_dir

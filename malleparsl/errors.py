@@ -49,3 +49,10 @@ def unknown_name(kind: str, name: str, valid: object) -> UnknownNameError:
     """Build the error for an unregistered name, listing the valid ones."""
     names = ", ".join(sorted(str(v) for v in valid))  # type: ignore[attr-defined]
     return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {names}")
+
+
+class CheckpointWriteError(MalleparslError, RuntimeError):
+    """A checkpoint could not be written (e.g. the disk is full); the previous one is kept.
+
+    A system fault, not a bug in the user's training code: the job's driver may retry elsewhere.
+    """

@@ -126,8 +126,9 @@ class AppTrialRunner(TrialRunner):
             fn = getattr(self.train_fn, "entry", None)
             fn = getattr(fn, "user_fn", self.train_fn)
             opts = {k: v for k, v in self.options.items() if not k.startswith("rescale_")}
-            return self._app(fn, cfg, ckpt_dir, {**opts, "torch_threads": 1})
-        opts: dict[str, Any] = {"job_id": job_id, "seed": int(s.config.get("seed", 0))}
+            return self._app(fn, cfg, ckpt_dir, {**opts, "torch_threads": 1, "resume": s.rung > 0})
+        opts: dict[str, Any] = {"job_id": job_id, "seed": int(s.config.get("seed", 0)),
+                                "resume": s.rung > 0}  # a promoted trial continues its rung
         if ckpt_dir is not None:
             opts["ckpt_dir"] = ckpt_dir
         if self.samples_per_unit:

@@ -24,6 +24,7 @@ from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
 from malleparsl.scavenger.slurm import SlurmScavenger
 from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
+from malleparsl.scavenger.values import walltime as check_walltime
 from malleparsl.site_configs.common import facility_config, jobs_demand, nodes_in_use  # noqa: F401
 
 
@@ -80,6 +81,7 @@ def slurm_scavenger_config(
     """
     if isinstance(node_cap, bool) or not isinstance(node_cap, int) or node_cap < 1:
         raise SpecError(f"node_cap must be an integer >= 1, got {node_cap!r}")
+    check_walltime(walltime)  # e.g. "1h" is not one: say so before Slurm does, mid-run
     if worker_init is None:
         worker_init = f"export PATH={os.path.dirname(sys.executable)}:$PATH"
     provider = ScavengingSlurmProvider(

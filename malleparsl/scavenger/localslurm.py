@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,7 +204,7 @@ class LocalSlurm:
         """Cancel every job and wait until none is left running."""
         ids = self.run("squeue -h -o %i", check=False).stdout.split()
         if ids:
-            self.run("scancel " + " ".join(ids), check=False)
+            self.run(["scancel", *ids], check=False)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if not self.run("squeue -h -o %i", check=False).stdout.split():
@@ -242,11 +244,15 @@ class LocalSlurm:
         """A shell runner for scavengers and providers that talks to this cluster."""
         return default_runner(self.env, timeout_s=timeout_s)
 
-    def run(self, cmd: str, *, check: bool = True, timeout_s: float = 10) -> CommandResult:
-        """Run a Slurm client command against this cluster."""
-        res = run_command(cmd, timeout_s=timeout_s, env=self.env)
+    def run(
+        self, cmd: str | Sequence[str], *, check: bool = True, timeout_s: float = 10
+    ) -> CommandResult:
+        """Run a Slurm client command against this cluster (no shell: a string is split as a
+        shell would split it, for the test bed's own fixed lines)."""
+        argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        res = run_command(argv, timeout_s=timeout_s, env=self.env)
         if check and res.returncode != 0:
-            raise SchedulerCommandError(cmd, res.returncode, res.stdout, res.stderr)
+            raise SchedulerCommandError(shlex.join(argv), res.returncode, res.stdout, res.stderr)
         return res
 
     def node_states(self) -> dict[str, str]:
@@ -268,13 +274,11 @@ class LocalSlurm:
 
     def sbatch(self, args: str, script: str = "sleep 600") -> str:
         """Submit a batch job (``--wrap``); returns its job id."""
-        res = self.run(f"sbatch --parsable -o /dev/null {args} --wrap {_quote(script)}")
+        res = self.run(["sbatch", "--parsable", "-o", "/dev/null", *shlex.split(args),
+                        "--wrap", script])
         return res.stdout.strip().split(";")[0]
 
     def job_state(self, job_id: str) -> str:
-        res = self.run(f"squeue -h -j {job_id} -o %T", check=False)
+        res = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
         return res.stdout.strip() or "GONE"
 
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"

@@ -24,6 +24,7 @@ from parsl.launchers.base import Launcher
 from parsl.providers import PBSProProvider
 
 from malleparsl.errors import SpecError
+from malleparsl.scavenger import values
 from malleparsl.scavenger.pbs_parse import (
     LIVE_JOB_STATES,
     SUSPENDED_JOB_STATES,
@@ -79,6 +80,10 @@ class ScavengingPBSProProvider(PinnedPilots, PBSProProvider):
     ) -> None:
         if isinstance(node_cap, bool) or not isinstance(node_cap, int) or node_cap < 1:
             raise SpecError(f"node_cap must be an integer >= 1, got {node_cap!r}")
+        for what, value in (("queue", queue), ("account", account)):
+            values.scheduler_name(value, what=what)  # they reach #PBS lines
+        values.walltime(walltime)
+        values.select_resources(select_options)
         if queue not in PREEMPTIBLE_QUEUES and not allow_nonpreemptible:
             raise SpecError(
                 f"queue {queue!r} is not known to be preemptable (known: "
@@ -104,7 +109,8 @@ class ScavengingPBSProProvider(PinnedPilots, PBSProProvider):
         def on(target: str) -> str:
             base_sel, base_init = self.select_options, self.worker_init
             sel = base_sel.lstrip(":")
-            self.select_options = ":" + ":".join(p for p in (sel, f"host={target}") if p)
+            host = values.scheduler_name(target, what="node")
+            self.select_options = ":" + ":".join(p for p in (sel, f"host={host}") if p)
             self.worker_init = self.trap_line("PBS_JOBID") + base_init
             try:
                 return PBSProProvider.submit(self, command, tasks_per_node, job_name)
@@ -137,17 +143,17 @@ class PBSScavenger(PilotScavenger):
         super().__init__(provider=provider, **options)
 
     def idle_now(self) -> list[str]:
-        return free_nodes(parse_pbsnodes(check(self.run, "pbsnodes -av")))
+        return free_nodes(parse_pbsnodes(check(self.run, ["pbsnodes", "-av"])))
 
     def idle_end_estimates(self, nodes: list[str], wall: float) -> dict[str, float]:
-        q = self.run("qstat -f")
-        r = self.run("pbs_rstat -f")
+        q = self.run(["qstat", "-f"])
+        r = self.run(["pbs_rstat", "-f"])
         jobs = parse_qstat_f(q.stdout) if q.returncode == 0 else []
         resv = parse_pbs_rstat(r.stdout) if r.returncode == 0 else []
         return pbs_idle_ends(nodes, jobs, resv, now=wall)
 
     def pilot_states(self, job_ids: list[str]) -> dict[str, PilotState] | None:
-        res = self.run(f"qstat -x -f {' '.join(job_ids)}")
+        res = self.run(["qstat", "-x", "-f", *job_ids])
         if res.returncode != 0 and not res.stdout.strip():
             if "Unknown Job Id" in res.stderr:
                 return {}  # all purged from the history: every pilot vanished

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import threading
 import time
 from abc import abstractmethod
@@ -59,8 +60,11 @@ class PinnedPilots:
         self._pin_lock = threading.Lock()
 
     def execute_wait(self, cmd: str, timeout: int | None = None) -> tuple[int, str, str]:
-        """Parsl's shell hook, routed through ``run`` (tests pass a fake)."""
-        res = self.run(cmd)
+        """Parsl's shell hook, routed through ``run`` (tests pass a fake) as an argument list.
+
+        Parsl builds these lines itself (``sbatch <script>``, ``squeue --job '<ids>'``,
+        ``scancel <ids>``); they are split like a shell would but never run by one."""
+        res = self.run(shlex.split(cmd))
         return res.returncode, res.stdout, res.stderr
 
     def pin(self, node: str) -> None:
@@ -98,7 +102,9 @@ class PinnedPilots:
         d = self.preempt_dir()
         if d is None:
             return ""
-        return f"mkdir -p {d}; trap 'touch {d}/${job_id_var}.term' TERM\n"
+        # the folder is quoted once into a variable; the trap expands it when the signal comes
+        return (f"_malleparsl_sig={shlex.quote(d)}; mkdir -p \"$_malleparsl_sig\"; "
+                f"trap 'touch \"$_malleparsl_sig/${job_id_var}.term\"' TERM\n")
 
     def _pinned_submit(self, submit: Callable[[str], str], node: str | None = None) -> str:
         """Check the cap, call ``submit(node)``, record the pilot. ``node`` None = the next pin

@@ -43,7 +43,7 @@ from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
 
 log = logging.getLogger(__name__)
 
-_EPOCH = "SLURM_TIME_FORMAT=%s "
+_EPOCH = ["env", "SLURM_TIME_FORMAT=%s"]  # times as epoch seconds; no shell
 
 
 class SlurmScavenger(PilotScavenger):
@@ -84,14 +84,14 @@ class SlurmScavenger(PilotScavenger):
         self._planned_state: set[str] = set()
 
     def idle_now(self) -> list[str]:
-        part = f" -p {self.partition}" if self.partition else ""
-        states = parse_sinfo_nodes(check(self.run, f"sinfo -h -N{part} -o '%N|%T'"))
+        part = ["-p", self.partition] if self.partition else []
+        states = parse_sinfo_nodes(check(self.run, ["sinfo", "-h", "-N", *part, "-o", "%N|%T"]))
         self._planned_state = {n for n, st in states.items() if st == "planned"}
         return idle_nodes(states)
 
     def idle_end_estimates(self, nodes: list[str], wall: float) -> dict[str, float]:
-        start = self.run(f"{_EPOCH}squeue -h -t PD --start -o '%i|%S|%Y'")
-        resv = self.run(f"{_EPOCH}scontrol show reservation -o")
+        start = self.run([*_EPOCH, "squeue", "-h", "-t", "PD", "--start", "-o", "%i|%S|%Y"])
+        resv = self.run([*_EPOCH, "scontrol", "show", "reservation", "-o"])
         planned = parse_squeue_start(start.stdout) if start.returncode == 0 else []
         reservations = parse_reservations(resv.stdout) if resv.returncode == 0 else []
         ends = idle_ends(nodes, planned, reservations, now=wall)
@@ -103,7 +103,7 @@ class SlurmScavenger(PilotScavenger):
 
     def pilot_states(self, job_ids: list[str]) -> dict[str, PilotState] | None:
         # unknown (purged) ids make squeue complain, but it still lists the others
-        res = self.run(f"squeue -h -t all -j {','.join(job_ids)} -o '%i|%T|%N'")
+        res = self.run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%N"])
         if res.returncode != 0 and "Invalid job id" not in res.stderr:
             return None
         out: dict[str, PilotState] = {}

@@ -23,6 +23,7 @@ from parsl.launchers.base import Launcher
 from parsl.providers import SlurmProvider
 
 from malleparsl.errors import SpecError
+from malleparsl.scavenger import values
 from malleparsl.scavenger.pilots import NodeCapError, PinnedPilots
 from malleparsl.scavenger.shell import Runner, default_runner
 from malleparsl.scavenger.slurm_parse import parse_partition
@@ -73,6 +74,9 @@ class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
     ) -> None:
         if node_cap < 1:
             raise SpecError(f"node_cap must be an integer >= 1, got {node_cap!r}")
+        for what, value in (("partition", partition), ("qos", qos), ("account", account)):
+            values.scheduler_name(value, what=what)  # they reach #SBATCH lines
+        values.walltime(walltime)
         if partition is None and qos is None:
             raise SpecError(
                 "give a preemptible partition= or qos= for the pilots (e.g. partition='scavenger'"
@@ -97,7 +101,7 @@ class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
         if self._checked or self.allow_nonpreemptible:
             return
         if self.partition is not None:
-            res = self.run(f"scontrol show partition {self.partition} -o")
+            res = self.run(["scontrol", "show", "partition", self.partition, "-o"])
             fields = parse_partition(res.stdout) if res.returncode == 0 else {}
             if not fields:
                 raise SpecError(f"partition {self.partition!r} not found ({res.stderr.strip()});"
@@ -110,7 +114,7 @@ class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
                     "QOS, or pass allow_nonpreemptible=True if the facility agrees"
                 )
         if self.qos is not None:
-            res = self.run(f"sacctmgr -n -P show qos {self.qos} format=Name,PreemptMode")
+            res = self.run(["sacctmgr", "-n", "-P", "show", "qos", self.qos, "format=Name,PreemptMode"])
             line = res.stdout.strip().splitlines()[0] if res.stdout.strip() else ""
             mode = line.split("|")[1].upper() if "|" in line else ""
             if res.returncode != 0 or mode in ("", "OFF"):
@@ -128,7 +132,8 @@ class ScavengingSlurmProvider(PinnedPilots, SlurmProvider):
 
         def on(target: str) -> str:
             base_opts, base_init = self.scheduler_options, self.worker_init
-            self.scheduler_options = base_opts + f"#SBATCH --nodelist={target}\n"
+            node = values.scheduler_name(target, what="node")
+            self.scheduler_options = base_opts + f"#SBATCH --nodelist={node}\n"
             self.worker_init = self.trap_line("SLURM_JOB_ID") + base_init
             try:
                 return SlurmProvider.submit(self, command, tasks_per_node, job_name)

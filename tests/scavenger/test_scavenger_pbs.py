@@ -40,7 +40,9 @@ class RecordedPBS:
         self.ids = iter(["8998", "8999", "9005", "9006", "9010", "9011"])
         self.scripts: list[str] = []
 
-    def __call__(self, cmd: str) -> CommandResult:
+    def __call__(self, argv: list[str]) -> CommandResult:
+        assert isinstance(argv, list), f"commands are argument lists, got {argv!r}"
+        cmd = " ".join(argv)
         self.cmds.append(cmd)
         if cmd in self.out:
             return CommandResult(0, self.out[cmd], "")

@@ -11,7 +11,9 @@ from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
 from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config
 
 
-def _no_scheduler(cmd: str) -> CommandResult:
+def _no_scheduler(argv: list[str]) -> CommandResult:
+    assert isinstance(argv, list), f"commands are argument lists, got {argv!r}"
+    cmd = " ".join(argv)
     if cmd.startswith("sacct"):  # SlurmProvider probes accounting when built
         return CommandResult(1, "", "Slurm accounting storage is disabled")
     raise AssertionError(f"building a config must not run {cmd!r}")

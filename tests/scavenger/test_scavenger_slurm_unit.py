@@ -32,7 +32,9 @@ class FakeSlurm:
         self.cmds: list[str] = []
         self.next_id = 100
 
-    def __call__(self, cmd: str) -> CommandResult:
+    def __call__(self, argv: list[str]) -> CommandResult:
+        assert isinstance(argv, list), f"commands are argument lists, got {argv!r}"
+        cmd = " ".join(argv)
         self.cmds.append(cmd)
         if self.fail and not cmd.startswith("scancel"):
             return CommandResult(1, "", "slurm_load_jobs error: Socket timed out")
@@ -276,10 +278,11 @@ def test_planned_node_without_a_known_start_is_not_taken(fake):
     (CommandResult(1, "", "sacctmgr: error: Problem talking to the database"), False),
 ])
 def test_qos_must_be_shown_preemptible_by_sacctmgr(answer, ok):
-    def run(cmd):
+    def run(argv):
+        cmd = " ".join(argv)
         if cmd.startswith("sacctmgr"):
             return answer
-        return FakeSlurm()(cmd)
+        return FakeSlurm()(argv)
 
     prov = ScavengingSlurmProvider(qos="preempt", run=run)
     if ok:

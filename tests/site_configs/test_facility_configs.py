@@ -23,7 +23,9 @@ class FakeScheduler:
     def __init__(self) -> None:
         self.commands: list[str] = []
 
-    def __call__(self, cmd: str) -> CommandResult:
+    def __call__(self, argv: list[str]) -> CommandResult:
+        assert isinstance(argv, list), f"commands are argument lists, got {argv!r}"
+        cmd = " ".join(argv)
         self.commands.append(cmd)
         if cmd.startswith("qsub"):
             return CommandResult(0, "4242.polaris-pbs-01\n", "")
@@ -110,7 +112,7 @@ def test_frontier_batch_partition_without_consent_is_refused_before_any_pilot(tm
     fake = FakeScheduler()
     fake_nonpreempt = lambda cmd: (  # noqa: E731
         CommandResult(0, "PartitionName=batch PreemptMode=OFF State=UP\n", "")
-        if cmd.startswith("scontrol") else fake(cmd)
+        if cmd[0] == "scontrol" else fake(cmd)
     )
     cfg = frontier_config(account="abc123", run=fake_nonpreempt, run_dir=str(tmp_path))
     with pytest.raises(SpecError, match="preempt"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -147,6 +148,8 @@ def bench_executor(
                         ("rescales", rescales, 0)):
         if v < lo:
             raise SpecError(f"--{name} must be >= {lo}, got {v!r}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise SpecError(f"--timeout-s must be a finite number of seconds > 0, got {timeout_s!r}")
     # Parsl logs at DEBUG to its run_dir; keep those records off the console, where printing
     # them would cost more CPU than the tasks being measured.
     logging.getLogger("parsl").propagate = False

@@ -15,7 +15,7 @@ from typing import Any
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
 from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
-from malleparsl.model import Allocation, JobSpec, ScalingCurve
+from malleparsl.model import Allocation, JobSpec, ScalingCurve, node_count
 
 _SPEC_KEYS = ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s", "total_samples")
 
@@ -61,7 +61,9 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobS
     curve = options.get("curve")
     if curve is not None and not isinstance(curve, ScalingCurve):
         try:
-            points = {int(n): float(r) for n, r in curve}
+            points = {node_count(n, f"job {job_id!r}: curve nodes"): float(r) for n, r in curve}
+        except SpecError:
+            raise
         except (TypeError, ValueError):
             raise SpecError(
                 f"job {job_id!r}: curve must be a list of [nodes, samples_per_s] pairs, got "

@@ -8,10 +8,16 @@ is the top of the stack, so it may name modules of any layer.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
+
+from malleparsl.errors import SpecError, TraceFormatError, UnknownNameError
 
 app = typer.Typer(
     help="Train DNNs on a supercomputer's idle nodes from Parsl workflows.",
@@ -40,6 +46,31 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at IN
     )
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    SpecError, UnknownNameError, TraceFormatError, FileNotFoundError, NotADirectoryError,
+    IsADirectoryError, PermissionError,
+)
+"""What a user's mistake raises: shown as one ``error: ...`` line and exit status 2, no
+traceback. Anything else is a bug or a system fault and keeps its traceback."""
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a command so that :data:`USER_ERRORS` become ``error: ...`` and exit status 2."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            if isinstance(exc, OSError) and exc.filename and exc.filename not in msg:
+                msg = f"{exc.filename}: {msg}"
+            print(f"error: {msg}", file=sys.stderr, flush=True)
+            raise typer.Exit(2) from None
+
+    return run
+
+
 def _register() -> None:
     groups = {None: app, "bench": bench_app}
     for group, name, target in COMMANDS:
@@ -50,7 +81,7 @@ def _register() -> None:
             if exc.name and mod_name.startswith(exc.name):
                 continue  # that part of malleparsl is not installed or not written yet
             raise
-        groups[group].command(name)(getattr(mod, func_name))
+        groups[group].command(name)(user_errors(getattr(mod, func_name)))
 
 
 _register()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from malleparsl.errors import SpecError, TraceFormatError, unknown_name
-from malleparsl.model import JobSpec, ScalingCurve
+from malleparsl.model import JobSpec, ScalingCurve, node_count
 
 JOBSETS = {
     "imagenet": "bftrainer-jobs/imagenet_1001.csv",
@@ -52,9 +52,24 @@ def resolve(name_or_path: str | os.PathLike[str], table: dict[str, str], kind: s
     return p
 
 
+def _read_csv(path: str | os.PathLike[str], what: str) -> pd.DataFrame:
+    """``pd.read_csv`` whose parse errors name the file and what it should hold."""
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: cannot read it as a {what} CSV: {exc}") from None
+
+
+def _counts(path: object, line: int, **values: object) -> dict[str, int]:
+    try:
+        return {k: node_count(v, k) for k, v in values.items()}
+    except SpecError as exc:
+        raise TraceFormatError(f"{path}: line {line}: {exc}") from None
+
+
 def load_curves(path: str | os.PathLike[str]) -> dict[str, ScalingCurve]:
     """``model -> ScalingCurve`` from a ``model,nodes,samples_per_s`` CSV."""
-    df = pd.read_csv(path)
+    df = _read_csv(path, "scaling curve")
     missing = {"model", "nodes", "samples_per_s"} - set(df.columns)
     if missing:
         raise TraceFormatError(f"{path}: curve file lacks column(s) {sorted(missing)}")
@@ -62,7 +77,7 @@ def load_curves(path: str | os.PathLike[str]) -> dict[str, ScalingCurve]:
     for model, g in df.sort_values(["model", "nodes"]).groupby("model", sort=False):
         try:
             out[str(model)] = ScalingCurve(
-                tuple(int(n) for n in g["nodes"]),
+                tuple(node_count(n, "nodes") for n in g["nodes"]),
                 tuple(float(r) for r in g["samples_per_s"]),
                 name=str(model),
             )
@@ -79,8 +94,10 @@ def load_jobset(
     The matching ``<stem>_curves.csv`` beside it gives each job its true curve when
     ``with_curves`` (the oracle); without it, jobs carry no curve and must be profiled.
     """
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise SpecError(f"limit {limit!r}: must be >= 1 jobs (None for all)")
     path = resolve(name_or_path, JOBSETS, "job set")
-    df = pd.read_csv(path)
+    df = _read_csv(path, "job set")
     need = {
         "job",
         "model",
@@ -110,11 +127,11 @@ def load_jobset(
         model = str(row.model)
         if with_curves and model not in curves:
             raise TraceFormatError(f"{path}: line {i + 2}: model {model!r} has no curve")
+        sizes = _counts(path, i + 2, min_nodes=row.min_nodes, max_nodes=row.max_nodes)
         jobs.append(
             JobSpec(
                 job_id=str(row.job),
-                min_nodes=int(row.min_nodes),
-                max_nodes=int(row.max_nodes),
+                **sizes,
                 rescale_up_s=float(row.rescale_up_s),
                 rescale_down_s=float(row.rescale_down_s),
                 total_samples=float(row.total_samples),

@@ -27,6 +27,21 @@ def _finite(value: float, what: str, *, allow_inf: bool = False) -> None:
         raise SpecError(f"{what} must be finite, got {value!r}")
 
 
+def node_count(value: object, what: str) -> int:
+    """``value`` as a whole number of nodes; 1.5 or "2.9" is an error, never truncated.
+
+    >>> node_count(2.0, "nodes"), node_count("3", "nodes")
+    (2, 3)
+    """
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(value, bool) or not math.isfinite(x) or x != int(x):
+        raise SpecError(f"{what} must be a whole number of nodes, got {value!r}")
+    return int(x)
+
+
 @dataclass(frozen=True)
 class ScalingCurve:
     """Training throughput (samples/s) of one job at measured node counts.

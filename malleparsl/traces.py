@@ -100,6 +100,11 @@ class IdleTrace:
         if which is None:
             return self
         sl = parse_node_slice(which) if isinstance(which, str) else which
+        if sl.stop is not None and sl.stop > len(self.nodes):  # never clamp silently
+            raise SpecError(
+                f"node slice {which!r} reaches past the trace's {len(self.nodes)} nodes; "
+                f"give START:END with END <= {len(self.nodes)}"
+            )
         nodes = self.nodes[sl]
         if not nodes:
             raise SpecError(
@@ -158,7 +163,8 @@ def read_fragments(path: str | os.PathLike[str]) -> pd.DataFrame:
         return fast
     try:
         raw = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as exc:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError,
+            OSError) as exc:
         raise TraceFormatError(f"{path}: cannot parse as a fragment CSV: {exc}") from exc
     missing = {"node", "start_s", "end_s"} - set(raw.columns)
     if missing:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import random
@@ -315,6 +316,36 @@ def _print_table(rows: list[BenchRow]) -> None:
     Console(width=160).print(table)
 
 
+def check_bench_args(
+    *, sizes: str, cells: str, repeats: int, time_limit_s: float, node_time_limit_s: float,
+    node_repeats: int, ends: str,
+) -> None:
+    """Every ``bench allocator`` option checked before the first instance (exit 2, one line)."""
+    from malleparsl.allocator.base import policy_names
+    from malleparsl.allocator.solvers import SOLVERS
+    from malleparsl.errors import unknown_name
+
+    for size in sizes.split(","):
+        parts = size.lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise SpecError(f"--sizes: {size!r} is not JOBSxNODES with whole numbers >= 1 "
+                            "(e.g. 20x128)")
+    for cell in cells.split(","):
+        policy, _, solver = cell.partition(":")
+        if policy not in policy_names():
+            raise unknown_name("policy", policy, policy_names())
+        if solver and solver not in SOLVERS:
+            raise unknown_name("solver", solver, SOLVERS)
+    for flag, v in (("--repeats", repeats), ("--node-repeats", node_repeats)):
+        if v < 1:
+            raise SpecError(f"{flag} {v!r}: must be >= 1 instance")
+    for flag, t in (("--time-limit-s", time_limit_s), ("--node-time-limit-s", node_time_limit_s)):
+        if not (math.isfinite(t) and t > 0):
+            raise SpecError(f"{flag} {t!r}: must be a finite number of seconds > 0")
+    if ends not in ("none", "summit"):
+        raise SpecError(f"--ends {ends!r}: must be 'none' or 'summit'")
+
+
 def bench_allocator(
     json_out: bool = typer.Option(False, "--json", help="One JSON object per row."),
     sizes: str = typer.Option(DEFAULT_SIZES, help="Comma-separated JOBSxNODES."),
@@ -329,6 +360,8 @@ def bench_allocator(
     seed: int = typer.Option(0, help="Random seed of the instances."),
 ) -> None:
     """Latency (median, p95) and optimality gap of each allocation policy and solver."""
+    check_bench_args(sizes=sizes, cells=cells, repeats=repeats, time_limit_s=time_limit_s,
+                     node_time_limit_s=node_time_limit_s, node_repeats=node_repeats, ends=ends)
     rows = run_bench(
         sizes=sizes,
         cells=cells,

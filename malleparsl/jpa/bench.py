@@ -126,6 +126,34 @@ def run_comparison(
     return rows
 
 
+def _check_bench_args(*, jobs: str, nodes: str, hours: float, setups: str, noise: float) -> None:
+    """Every ``bench jpa`` option checked before any simulation (exit 2, one line)."""
+    from malleparsl.errors import SpecError, unknown_name
+    from malleparsl.sim.setups import setup_names
+    from malleparsl.traces import parse_node_slice
+
+    if not (math.isfinite(hours) and hours > 0):
+        raise SpecError(f"--hours {hours!r}: must be a finite number of hours > 0")
+    if not (math.isfinite(noise) and noise >= 0):
+        raise SpecError(f"--noise {noise!r}: must be a finite fraction >= 0")
+    slices = [s for s in nodes.split(",") if s.strip()]
+    if not slices:
+        raise SpecError(f"--nodes {nodes!r}: give one or more node slices such as 0:128")
+    for sl in slices:
+        parse_node_slice(sl)
+    names = [s for s in setups.split(",") if s.strip()]
+    if not names:
+        raise SpecError(f"--setups {setups!r}: give one or more comma-separated setup names")
+    valid = setup_names()
+    for name in names:
+        if name not in valid:
+            raise unknown_name("setup", name, valid)
+    if jobs.startswith("shapes:"):
+        n = jobs.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise SpecError(f"--jobs {jobs!r}: write shapes:N with a whole N >= 1")
+
+
 def bench_jpa(
     trace: str = typer.Option("summit", help="Idle-node trace: 'summit' or a fragments CSV."),
     jobs: str = typer.Option("imagenet", help="Job set name/path, or 'shapes:N' (generated)."),
@@ -138,6 +166,7 @@ def bench_jpa(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
 ) -> None:
     """Print samples trained vs the oracle, profiling share and curve MAPE per setup."""
+    _check_bench_args(jobs=jobs, nodes=nodes, hours=hours, setups=setups, noise=noise)
     from malleparsl.data import load_jobset
     from malleparsl.traces import load_trace
 

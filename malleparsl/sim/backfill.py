@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,10 @@ import pandas as pd
 from malleparsl.errors import SpecError, TraceFormatError
 
 log = logging.getLogger(__name__)
+
+MAX_MACHINE_NODES = 1_000_000
+"""Largest machine we re-schedule a log on (the biggest machines have ~10^5 nodes); a header
+claiming more is a typo, and would need gigabytes of per-node state."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ def read_swf(path: str | os.PathLike[str]) -> tuple[list[SwfJob], dict[str, str]
                     f"{path}: line {lineno}: {s[:80]!r} has a non-numeric field; SWF fields "
                     "are numbers (-1 = unknown)"
                 ) from None
+            bad = [i + 1 for i, x in enumerate(v) if not math.isfinite(x)]
+            if bad:
+                raise TraceFormatError(
+                    f"{path}: line {lineno}: field(s) {bad} are {[parts[i - 1] for i in bad]}; "
+                    "SWF fields must be finite numbers (-1 = unknown)"
+                )
             nodes = int(v[4]) if v[4] > 0 else int(v[7])
             run, req = v[3], v[8]
             if run <= 0 or nodes <= 0 or v[1] < 0:
@@ -95,8 +106,11 @@ def easy_backfill(
     over ``[first submit, last job end)``, and each job's start time. Jobs larger than the
     machine are clamped to it (logs contain them), with a warning.
     """
-    if machine_nodes < 1:
-        raise SpecError(f"machine_nodes must be >= 1, got {machine_nodes!r}")
+    if machine_nodes < 1 or machine_nodes > MAX_MACHINE_NODES:
+        raise SpecError(
+            f"machine_nodes must be in 1..{MAX_MACHINE_NODES:,}, got {machine_nodes!r}; "
+            "fix the log's MaxNodes header or give --machine-nodes"
+        )
     if not jobs:
         raise SpecError("the job log has no runnable job; nothing to schedule")
     big = sum(j.nodes > machine_nodes for j in jobs)
@@ -183,9 +197,21 @@ def swf_to_trace(
     jobs, header = read_swf(path)
     if machine_nodes is None:
         for key in ("MaxNodes", "MaxProcs"):
-            if key in header and header[key].lstrip("-").isdigit() and int(header[key]) > 0:
-                machine_nodes = int(header[key])
-                break
+            if key not in header:
+                continue
+            try:
+                value = float(header[key])
+            except ValueError:
+                value = math.nan
+            if value == -1:  # SWF's "unknown"
+                continue
+            if not (math.isfinite(value) and value == int(value) and 1 <= value <= MAX_MACHINE_NODES):
+                raise SpecError(
+                    f"{path}: header {key} {header[key]!r} is not a machine size (a whole "
+                    f"number in 1..{MAX_MACHINE_NODES:,}); fix it or give --machine-nodes N"
+                )
+            machine_nodes = int(value)
+            break
         else:
             raise SpecError(
                 f"{path}: no MaxNodes header; give the machine size (machine_nodes=..., "

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
@@ -30,16 +32,84 @@ def _jobs(spec: str, *, limit: int | None, start_s: float, seed: int):  # noqa: 
     if spec.startswith("poisson:"):
         from malleparsl.sim.workloads import poisson_jobs
 
-        parts = spec.split(":")
-        try:
-            n = int(parts[1])
-            mean = float(parts[2]) if len(parts) > 2 else 600.0
-        except (ValueError, IndexError):
-            raise typer.BadParameter(
-                f"--jobs {spec!r}: write poisson:N or poisson:N:MEAN_INTERARRIVAL_S"
-            ) from None
+        n, mean = _poisson_fields(spec)
         return poisson_jobs(n_jobs=n, mean_interarrival_s=mean, seed=seed, start_s=start_s)
     return load_jobset(spec, limit=limit)
+
+
+def _poisson_fields(spec: str) -> tuple[int, float]:
+    """``poisson:N[:MEAN_S]`` -> ``(N, MEAN_S)``; every field is checked, none ignored."""
+    from malleparsl.errors import SpecError
+
+    parts = spec.split(":")
+    rule = "write poisson:N or poisson:N:MEAN_INTERARRIVAL_S with N >= 1 and MEAN > 0"
+    try:
+        if not 2 <= len(parts) <= 3:
+            raise ValueError
+        n = int(parts[1])
+        mean = float(parts[2]) if len(parts) > 2 else 600.0
+    except ValueError:
+        raise SpecError(f"--jobs {spec!r}: {rule}") from None
+    if n < 1 or not (math.isfinite(mean) and mean > 0):
+        raise SpecError(f"--jobs {spec!r}: {rule}")
+    return n, mean
+
+
+def _fail(msg: str) -> None:
+    """One ``error: ...`` line on stderr and exit status 2 (as malleparsl.cli does)."""
+    print("error: " + " ".join(msg.split()), file=sys.stderr, flush=True)
+    raise typer.Exit(2)
+
+
+def _check_out(out: Path) -> None:
+    """Make sure ``out`` is a folder we can write, before hours of simulation."""
+    from malleparsl.errors import SpecError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise SpecError(
+            f"--out {str(out)!r} is not a writable folder ({exc.strerror or exc}); "
+            "choose another --out"
+        ) from None
+
+
+def _check_inputs(  # noqa: PLR0913 - one check per option
+    *, hours: float, start_h: float | None, limit_jobs: int | None, max_active: int,
+    tfwd: float, noise: float, reveal_ends: float, horizon_quantile: float | None,
+    machine_nodes: int | None, names: list[str], jobs: str, out: Path | None,
+) -> None:
+    """Every ``simulate`` option checked before any trace is read (exit 2, one line)."""
+    from malleparsl.errors import SpecError
+
+    def need(ok: bool, flag: str, value: object, rule: str) -> None:
+        if not ok:
+            raise SpecError(f"{flag} {value!r}: {rule}")
+
+    need(math.isfinite(hours) and hours >= 0, "--hours", hours,
+         "must be a finite number of hours >= 0 (0 = to the trace's end)")
+    if start_h is not None:
+        need(math.isfinite(start_h) and start_h >= 0, "--start-h", start_h,
+             "must be a finite number of hours >= 0 since the trace start")
+    if limit_jobs is not None:
+        need(limit_jobs >= 1, "--limit-jobs", limit_jobs, "must be >= 1 (omit it for all jobs)")
+    need(max_active >= 0, "--max-active", max_active, "must be >= 0 (0 = no cap)")
+    need(math.isfinite(tfwd) and tfwd > 0, "--tfwd", tfwd, "must be a finite number of seconds > 0")
+    need(math.isfinite(noise) and noise >= 0, "--noise", noise, "must be a finite fraction >= 0")
+    need(0 <= reveal_ends <= 1, "--reveal-ends", reveal_ends, "must be a fraction in [0, 1]")
+    if horizon_quantile is not None:
+        need(0 < horizon_quantile < 1, "--horizon-quantile", horizon_quantile,
+             "must be a quantile in (0, 1)")
+    if machine_nodes is not None:
+        need(machine_nodes >= 1, "--machine-nodes", machine_nodes, "must be >= 1")
+    need(bool(names), "--policy", ",".join(names),
+         "names no policy; give one or more comma-separated policy names")
+    if jobs.startswith("poisson:"):
+        _poisson_fields(jobs)
+    if out is not None:
+        _check_out(out)
 
 
 def simulate(
@@ -81,7 +151,7 @@ def simulate(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from malleparsl.errors import MalleparslError
+    from malleparsl.errors import MalleparslError, SpecError
     from malleparsl.report import rich_table, write_report
     from malleparsl.sim.engine import SimOptions
     from malleparsl.sim.engine import simulate as run_sim
@@ -93,12 +163,18 @@ def simulate(
     if not console.is_terminal:
         console = Console(stderr=json_out, width=170)
     names = [p.strip() for p in policy.split(",") if p.strip()]
+    _check_inputs(
+        hours=hours, start_h=start_h, limit_jobs=limit_jobs, max_active=max_active, tfwd=tfwd,
+        noise=noise, reveal_ends=reveal_ends, horizon_quantile=horizon_quantile,
+        machine_nodes=machine_nodes, names=names,
+        jobs=jobs, out=out,
+    )
     if bound:
         names += [b for b in ("upper-bound-capped", "upper-bound") if b not in names]
     valid = setup_names()
     bad = [n for n in names if n not in valid]
     if bad:
-        raise typer.BadParameter(f"unknown policy {bad}; valid policies are: {', '.join(valid)}")
+        raise SpecError(f"--policy: unknown policy {bad}; valid policies are: {', '.join(valid)}")
     try:
         full = load_trace(trace, nodes=nodes, machine_nodes=machine_nodes)
         specs = _jobs(jobs, limit=limit_jobs, start_s=full.start_s, seed=seed)
@@ -113,8 +189,7 @@ def simulate(
             seed=seed, horizon_quantile=horizon_quantile,
         )
     except (MalleparslError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _fail(str(exc))
     console.print(
         f"trace {tr.name}: {len(tr.nodes)} nodes, {tr.duration_s / 3600:.1f} h from "
         f"t={tr.start_s:.0f} s, mean idle {tr.mean_idle_nodes():.1f} nodes; "
@@ -133,8 +208,7 @@ def simulate(
                     progress=lambda f, task=task: bar.update(task, completed=f),
                 )
             except MalleparslError as exc:
-                console.print(f"[red]error:[/red] {name}: {exc}")
-                raise typer.Exit(2) from None
+                _fail(f"{name}: {exc}")
             results.append(res)
     rows = compare(results)
     if json_out:

@@ -3,7 +3,7 @@ promoted trial from its checkpoint and reaches the demo's accuracy target."""
 
 import pytest
 
-from malleparsl.errors import SpecError
+from malleparsl.errors import CheckpointError, SpecError
 from malleparsl.workflows.apprunner import AppTrialRunner, run_plain_trial
 from malleparsl.workflows.digits import total_steps, train_digits
 from malleparsl.workflows.scheduler import Suggestion
@@ -14,12 +14,17 @@ CFG = {"lr": 1e-2, "width": 64, "depth": 1, "batch_size": 64}
 def test_rungs_resume_from_the_checkpoint_and_reach_the_target(tmp_path):
     ck = str(tmp_path / "trial")
     r1 = run_plain_trial(train_digits, {**CFG, "epochs": 2}, ck, {"torch_threads": 1})
-    r2 = run_plain_trial(train_digits, {**CFG, "epochs": 18}, ck, {"torch_threads": 1})
+    # the next rung continues the trial's checkpoint: it says so (a reused folder is refused)
+    with pytest.raises(CheckpointError, match="already holds 1 checkpoint"):
+        run_plain_trial(train_digits, {**CFG, "epochs": 18}, ck, {"torch_threads": 1})
+    r2 = run_plain_trial(train_digits, {**CFG, "epochs": 18}, ck, {"torch_threads": 1,
+                                                                    "resume": True})
     assert r1["steps"] == total_steps({**CFG, "epochs": 2}, 1437) == 45
     assert r2["steps"] == 405 and r2["samples"] == pytest.approx(405 * 64)
     assert r2["accuracy"] >= 0.95 and r2["accuracy"] > r1["accuracy"]
     # asking again for the budget already reached trains nothing and keeps the result
-    r3 = run_plain_trial(train_digits, {**CFG, "epochs": 18}, ck, {"torch_threads": 1})
+    r3 = run_plain_trial(train_digits, {**CFG, "epochs": 18}, ck, {"torch_threads": 1,
+                                                                    "resume": True})
     assert r3["steps"] == 405 and r3["accuracy"] == pytest.approx(r2["accuracy"])
 
 

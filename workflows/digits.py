@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import tempfile
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from malleparsl.errors import SpecError
@@ -47,26 +44,24 @@ def default_budget(*, quick: bool = False) -> Budget:
 def load_split(seed: int = 0) -> tuple[Any, Any, Any, Any]:
     """``(X_train, y_train, X_test, y_test)`` as float/long tensors, pixels scaled to [0, 1].
 
-    The split is cached as an ``.npz`` in the temp folder: importing scikit-learn costs seconds
-    on every fresh worker, reading the cache milliseconds.
+    The split is kept in the user's private, checksummed cache (:mod:`malleparsl.cache`):
+    importing scikit-learn costs seconds on every fresh worker, reading the cache milliseconds.
     """
-    import numpy as np
     import torch
 
-    cache = Path(tempfile.gettempdir()) / f"malleparsl-digits-v1-seed{seed}.npz"
-    try:
-        with np.load(cache) as z:
-            Xtr, ytr, Xte, yte = z["Xtr"], z["ytr"], z["Xte"], z["yte"]
-    except (OSError, KeyError, ValueError):
+    from malleparsl.cache import cached_arrays
+
+    def derive() -> dict[str, Any]:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 
         X, y = load_digits(return_X_y=True)
         Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.2, random_state=seed,
                                               stratify=y)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, Xtr=Xtr, ytr=ytr, Xte=Xte, yte=yte)
-        os.replace(tmp, cache)  # atomic: readers see the whole file or none
+        return {"Xtr": Xtr, "ytr": ytr, "Xte": Xte, "yte": yte}
+
+    z = cached_arrays(f"digits-v2-seed{int(seed)}", derive)
+    Xtr, ytr, Xte, yte = z["Xtr"], z["ytr"], z["Xte"], z["yte"]
     f = functools.partial(torch.tensor, dtype=torch.float32)
     return f(Xtr), torch.tensor(ytr), f(Xte), torch.tensor(yte)
 

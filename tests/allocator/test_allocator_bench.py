@@ -31,7 +31,8 @@ def test_bench_rows_have_zero_gap_for_milp_and_report_timeouts():
     assert by[("milp", "highs", 3)].gap < 1e-6 and by[("milp", "highs", 10)].gap < 1e-6
     assert by[("milp", "highs", 10)].runs == 2 and by[("milp", "highs", 10)].median_ms > 0
     assert by[("milp-node", "cbc", 10)].status.startswith("skipped: 640 binaries")
-    assert by[("greedy", "-", 3)].gap >= 0
+    greedy = by[("greedy", "-", 3)]  # a heuristic: some gap, never worse than nothing
+    assert greedy.runs == 2 and 0 <= greedy.gap_mean <= greedy.gap < 1
 
 
 def test_cli_json_output():

@@ -55,6 +55,12 @@ def _losses(rep) -> list[float]:
     return [h["loss"] for h in rep.result["history"]]
 
 
+def _same_trajectory(got: list[float], want: list[float], tol: float = 1e-5) -> None:
+    """Step by step within ``tol``, and of the same length (zip alone would hide a short run)."""
+    assert len(got) == len(want) > 0, (len(got), len(want))
+    assert max(abs(a - b) for a, b in zip(got, want)) < tol
+
+
 def test_rescale_2_3_1_matches_unrescaled_loss_trajectory(runner, baseline) -> None:
     rep = runner.run(
         train_mlp, schedule=[(2, 15), (3, 30), (1, None)], total_steps=STEPS, dtype="float64"
@@ -65,15 +71,16 @@ def test_rescale_2_3_1_matches_unrescaled_loss_trajectory(runner, baseline) -> N
     assert 15 <= stops[0] < stops[1] < STEPS and stops[1] >= 30  # really rescaled mid-run
     losses = _losses(rep)
     assert len(losses) == len(baseline) == STEPS
-    assert max(abs(a - b) for a, b in zip(losses, baseline)) < 1e-5
+    _same_trajectory(losses, baseline)
     assert baseline[-1] < 0.5 * baseline[0]  # and it learned something
-    assert len(rep.rescale_s) == 2 and all(0 < s < 30 for s in rep.rescale_s)
+    # measured, not timed here: `malleparsl bench executor` reports rescale latencies
+    assert len(rep.rescale_s) == 2 and all(s > 0 for s in rep.rescale_s)
 
 
 def test_float32_trajectory_also_within_1e5(runner) -> None:
     one = runner.run(train_mlp, schedule=[(1, None)], total_steps=30)
     many = runner.run(train_mlp, schedule=[(2, 10), (3, 20), (1, None)], total_steps=30)
-    assert max(abs(a - b) for a, b in zip(_losses(one), _losses(many))) < 1e-5
+    _same_trajectory(_losses(many), _losses(one))
 
 
 def test_progress_reports_rate_and_segment_outcomes(runner) -> None:
@@ -104,7 +111,7 @@ def test_corrupt_newest_checkpoint_resumes_from_previous(runner, baseline, tmp_p
     rest = runner.run(train_mlp, schedule=[(3, None)], total_steps=STEPS, dtype="float64",
                       job_id=job, options=opts)
     assert rest.finished
-    assert max(abs(a - b) for a, b in zip(_losses(rest), baseline)) < 1e-5
+    _same_trajectory(_losses(rest), baseline)
 
 
 def test_user_exception_on_every_rank_keeps_its_traceback(runner) -> None:
@@ -116,10 +123,11 @@ def test_user_exception_on_every_rank_keeps_its_traceback(runner) -> None:
 
 
 def test_user_exception_on_one_rank_is_not_masked_by_broken_group(runner) -> None:
-    t0 = time.monotonic()
+    # rank 0 must fail as soon as its peer leaves, not after a collective timeout: with an
+    # hour-long group timeout, waiting for it would end in the runner's TimeoutError instead
     with pytest.raises(KeyError, match="rank-1-bug"):
-        runner.run(only_rank1_fails, schedule=[(2, None)], total_steps=20, timeout_s=60)
-    assert time.monotonic() - t0 < 30  # rank 0 failed fast, no collective timeout
+        runner.run(only_rank1_fails, schedule=[(2, None)], total_steps=20, timeout_s=300,
+                   options={"pg_timeout_s": 3600})
 
 
 def test_node_killed_mid_step_resumes_from_last_checkpoint(runner, baseline) -> None:
@@ -143,7 +151,7 @@ def test_node_killed_mid_step_resumes_from_last_checkpoint(runner, baseline) -> 
                      on_segment=kill_node_2)
     assert killed and rep.finished and rep.sizes == [3, 2]
     assert len(rep.failures) == 1 and "died" in rep.failures[0]
-    assert max(abs(a - b) for a, b in zip(_losses(rep), baseline)) < 1e-5
+    _same_trajectory(_losses(rep), baseline)
     assert len(_losses(rep)) == STEPS
 
 
@@ -156,7 +164,7 @@ def test_examples_rescale_without_changing_the_trajectory(runner, fn, kwargs) ->
     one = runner.run(fn, schedule=[(1, None)], **kwargs)
     two = runner.run(fn, schedule=[(2, 4), (1, None)], **kwargs)
     assert two.sizes == [2, 1] and two.segments[0][0].status == "stopped"
-    assert max(abs(a - b) for a, b in zip(_losses(one), _losses(two))) < 1e-5
+    _same_trajectory(_losses(two), _losses(one))
 
 
 def test_cnn_throughput_is_measured_at_sizes_1_and_2(runner) -> None:

@@ -101,11 +101,11 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
               "training on the 2 surviving nodes")
         rows = _log(log_path)
         first_small = next(r for r in rows if r[0] > t_hp and r[2] == 2)
-        resume_s = first_small[0] - t_hp
+        resume_s = first_small[0] - t_hp  # printed below; not asserted (load-dependent)
         # progress lost: steps done before the preemption that had to be redone
         redone = before[-1][3] + 1 - first_small[3]
         assert 0 <= redone <= CKPT_EVERY + 1, (before[-1], first_small)
-        assert resume_s <= 10.0, f"training resumed {resume_s:.1f} s after the preemption"
+        # how soon training resumes is a figure of `malleparsl bench slurm`, not a test
 
         _wait(lambda: slurm.job_state(hp) in ("COMPLETED", "GONE"), 60, "the urgent job to end")
         t_back = time.time()

@@ -73,22 +73,23 @@ def test_preemption_reported_as_taken_and_release_is_silent(slurm, tmp_path):
     _poll_until(src, lambda ev: len(_running_nodes(slurm, list(jobs))) == 8)
     released_job, released_node = next(iter(jobs.items()))
     prov.cancel([released_job])
-    t0 = time.monotonic()
     hp = slurm.sbatch("-p main -N 3 -t 1 -J hp", "sleep 30")  # 1 node free: must preempt 2+
     taken = _poll_until(src, lambda ev: any(e.kind == "taken" for e in ev))
-    detect_s = time.monotonic() - t0
-    while "RUNNING" not in slurm.job_state(hp) and time.monotonic() - t0 < 15:
+    # how fast is a figure of `malleparsl bench slurm`; here: every preemption is reported.
+    # The scheduler may preempt in more than one pass, so wait for the two sets to agree.
+    deadline = time.monotonic() + 60
+    while True:
+        states = dict(ln.split("|") for ln in slurm.run(
+            f"squeue -h -t all -j {','.join(jobs)} -o '%i|%T'").stdout.splitlines())
+        preempted = {jobs[j] for j, s in states.items() if s == "PREEMPTED"}
+        taken_nodes = {e.node for e in taken if e.kind == "taken"}
+        if "RUNNING" in slurm.job_state(hp) and len(preempted) >= 2 and preempted == taken_nodes:
+            break
+        assert time.monotonic() < deadline, (states, taken)
         time.sleep(0.2)
-    time.sleep(0.6)
-    taken += src.poll(time.monotonic())  # the scheduler may preempt in more than one pass
-    taken_nodes = {e.node for e in taken if e.kind == "taken"}
+        taken += src.poll(time.monotonic())
     assert released_node not in taken_nodes  # our own release is not a preemption
     hp_nodes = set(expand_hostlist(slurm.run(f"squeue -h -j {hp} -o %N").stdout))
-    states = dict(ln.split("|") for ln in slurm.run(
-        f"squeue -h -t all -j {','.join(jobs)} -o '%i|%T'").stdout.splitlines())
-    preempted = {jobs[j] for j, s in states.items() if s == "PREEMPTED"}
-    assert len(preempted) >= 2 and preempted == taken_nodes, (states, taken)
-    assert detect_s < 5.0, detect_s
     assert len(hp_nodes) == 3 and taken_nodes <= hp_nodes  # it runs where pilots were
     # the released node is not announced again during its cooldown, nor are preempted ones
     assert all(e.node != released_node for e in src.poll(10.0) if e.kind == "idle")

@@ -56,8 +56,13 @@ class DemoSettings:
             raise SpecError(f"nodes ({self.nodes}) and max_nodes ({self.max_nodes}) must be >= 1")
         if self.trials is not None and self.trials < 2:
             raise SpecError(f"trials must be >= 2 for a search with a second stage, got {self.trials}")
-        if not self.speed > 0:
+        if not 0 < self.speed < float("inf"):
             raise SpecError(f"speed must be > 0 trace seconds per wall second, got {self.speed}")
+        from malleparsl.allocator.base import policy_names  # checked before the trace loads
+        from malleparsl.errors import unknown_name
+
+        if self.policy not in policy_names():
+            raise unknown_name("policy", self.policy, policy_names())
 
     @property
     def n_trials(self) -> int:

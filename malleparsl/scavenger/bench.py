@@ -204,6 +204,15 @@ def bench_slurm(
     query_period_s: float = typer.Option(0.5, help="Least time between Slurm queries."),
 ) -> None:
     """Scavenging latencies on a local Slurm: discovery -> pilot, preemption -> training."""
+    from malleparsl.errors import SpecError
+
+    for flag, v, lo in (("--nodes", nodes, 4), ("--repeats", repeats, 1),
+                        ("--preemptions", preemptions, 0)):
+        if v < lo:
+            raise SpecError(f"{flag} {v!r}: must be >= {lo}")
+    if not 0 < query_period_s < float("inf"):
+        raise SpecError(f"--query-period-s {query_period_s!r}: must be a finite number of "
+                        "seconds > 0")
     res = run_bench(nodes=nodes, repeats=repeats, preemptions=preemptions,
                     query_period_s=query_period_s)
     if json_out:

@@ -157,3 +157,22 @@ def test_bench_executor_rejects_bad_options(args, fragments) -> None:
 ])
 def test_bench_jpa_rejects_bad_options(args, fragments) -> None:
     _user_error(["bench", "jpa", *args], *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--nodes", "2"], ["--nodes 2", ">= 4"]),
+    (["--repeats", "0"], ["--repeats 0"]),
+    (["--query-period-s", "0"], ["--query-period-s 0.0"]),
+])
+def test_bench_slurm_rejects_bad_options(args, fragments) -> None:
+    _user_error(["bench", "slurm", *args], *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--policy", "bogus"], ["unknown policy 'bogus'"]),
+    (["--speed", "inf"], ["speed", "inf"]),
+    (["--nodes", "-1"], ["nodes (-1)"]),
+    (["--trials", "1"], ["trials must be >= 2"]),
+])
+def test_demo_rejects_bad_options_before_starting(args, fragments, tmp_path) -> None:
+    _user_error(["demo", "--quick", "--out", str(tmp_path / "r"), *args], *fragments)

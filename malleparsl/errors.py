@@ -48,8 +48,7 @@ class TraceFormatError(MalleparslError, ValueError):
 def unknown_name(kind: str, name: str, valid: object) -> UnknownNameError:
     """Build the error for an unregistered name, listing the valid ones."""
     names = ", ".join(sorted(str(v) for v in valid))  # type: ignore[attr-defined]
-    kinds = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
-    return UnknownNameError(f"unknown {kind} {name!r}; valid {kinds} are: {names}")
+    return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {names}")
 
 
 class CheckpointWriteError(MalleparslError, RuntimeError):

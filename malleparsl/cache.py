@@ -56,12 +56,16 @@ def _prepare(folder: Path) -> bool:
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        log.warning("cache folder %s cannot be created (%s); deriving data without a cache",
-                    folder, exc)
+        log.warning(
+            "cache folder %s cannot be created (%s); deriving data without a cache", folder, exc
+        )
         return False
     if not _private(folder):
-        log.warning("cache folder %s is not private to this user (owner or permissions); "
-                    "its files are not trusted and the data is derived afresh", folder)
+        log.warning(
+            "cache folder %s is not private to this user (owner or permissions); "
+            "its files are not trusted and the data is derived afresh",
+            folder,
+        )
         return False
     return True
 
@@ -94,8 +98,10 @@ def _read(path: Path, sums: Path) -> Arrays | None:
 
 def _write(folder: Path, path: Path, sums: Path, arrays: Arrays) -> None:
     try:
-        for target, write in ((path, lambda f: np.savez(f, **arrays)),
-                              (sums, lambda f: f.write(digest(arrays).encode()))):
+        for target, write in (
+            (path, lambda f: np.savez(f, **arrays)),
+            (sums, lambda f: f.write(digest(arrays).encode())),
+        ):
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
             try:
                 with os.fdopen(fd, "wb") as f:

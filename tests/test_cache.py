@@ -84,6 +84,9 @@ def test_the_digits_split_no_longer_uses_the_shared_temp_folder(xdg, monkeypatch
     before = set(os.listdir(tempfile.gettempdir()))
     Xtr, ytr, Xte, yte = digits.load_split(0)
     assert len(Xtr) + len(Xte) == 1797 and (xdg / "digits-v2-seed0.npz").exists()
-    assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before
-                if n.startswith("malleparsl-digits")]
+    assert not [
+        n
+        for n in set(os.listdir(tempfile.gettempdir())) - before
+        if n.startswith("malleparsl-digits")
+    ]
     digits.load_split.cache_clear()

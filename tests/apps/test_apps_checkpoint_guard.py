@@ -46,8 +46,13 @@ class _NoNodes:
 def test_control_loop_rejects_a_job_id_that_escapes_the_checkpoint_root(tmp_path, bad) -> None:
     from malleparsl.executors.control import ControlLoop
 
-    loop = ControlLoop(executor=_NoNodes(), policy="greedy", ckpt_root=str(tmp_path),
-                       store_host="127.0.0.1", warm_nodes=False)
+    loop = ControlLoop(
+        executor=_NoNodes(),
+        policy="greedy",
+        ckpt_root=str(tmp_path),
+        store_host="127.0.0.1",
+        warm_nodes=False,
+    )
     loop.start()
     try:
         with pytest.raises(SpecError, match="not a safe name"):
@@ -58,8 +63,12 @@ def test_control_loop_rejects_a_job_id_that_escapes_the_checkpoint_root(tmp_path
 
 
 def _ctx(tmp_path, model, *, job_id="j", segment=0, **options) -> TrainContext:
-    ctx = TrainContext(job_id=job_id, segment=segment, ckpt_dir=str(tmp_path),
-                       options={"torch_threads": 1, **options})
+    ctx = TrainContext(
+        job_id=job_id,
+        segment=segment,
+        ckpt_dir=str(tmp_path),
+        options={"torch_threads": 1, **options},
+    )
     ctx.register(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     return ctx
 
@@ -80,18 +89,27 @@ class OtherNet(torch.nn.Linear):
 
 def test_layout_names_class_keys_shapes_and_dtypes() -> None:
     lin = torch.nn.Linear(2, 1)
-    assert state_layout(lin) == ["class:Linear", "bias:(1,):torch.float32",
-                                 "weight:(1, 2):torch.float32"]
+    assert state_layout(lin) == [
+        "class:Linear",
+        "bias:(1,):torch.float32",
+        "weight:(1, 2):torch.float32",
+    ]
     opt = torch.optim.Adam(lin.parameters())
-    assert state_layout(opt) == ["class:Adam", "group0[0]:(1, 2):torch.float32",
-                                 "group0[1]:(1,):torch.float32"]
+    assert state_layout(opt) == [
+        "class:Adam",
+        "group0[0]:(1, 2):torch.float32",
+        "group0[1]:(1,):torch.float32",
+    ]
 
 
-@pytest.mark.parametrize("other", [
-    lambda: torch.nn.Linear(3, 1),  # another shape
-    lambda: OtherNet(2, 1),  # same shapes, another model class
-    lambda: torch.nn.Linear(2, 1).double(),  # another dtype
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: torch.nn.Linear(3, 1),  # another shape
+        lambda: OtherNet(2, 1),  # same shapes, another model class
+        lambda: torch.nn.Linear(2, 1).double(),  # another dtype
+    ],
+)
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, other) -> None:
     torch.manual_seed(0)
     _saved(tmp_path, torch.nn.Linear(2, 1))
@@ -153,9 +171,14 @@ def _small_disk(base, size_kib: int):
     """A real size-limited tmpfs (root, as in CI); else a folder whose writes fail ENOSPC."""
     path = base / f"tiny-{uuid.uuid4().hex[:6]}"
     path.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
-        capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     try:
         yield path, mounted
     finally:
@@ -174,8 +197,11 @@ def test_disk_full_keeps_the_previous_checkpoint_and_says_so(tmp_path, monkeypat
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
             monkeypatch.setattr(os, "fsync", full)
-        with pytest.raises(CheckpointWriteError, match=r"disk full.*step 2.*previous "
-                           r"checkpoint is kept \(step 1\)"):
+        with pytest.raises(
+            CheckpointWriteError,
+            match=r"disk full.*step 2.*previous "
+            r"checkpoint is kept \(step 1\)",
+        ):
             store.save({"w": torch.ones(200_000)}, step=2)  # 800 kB > 64 KiB
         monkeypatch.undo()
         assert [c.step for c in store.list()] == [1]

@@ -11,8 +11,15 @@ from malleparsl.scavenger.pbs import ScavengingPBSProProvider
 from malleparsl.scavenger.shell import CommandResult, run_command
 from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
 
-EVIL = ["x; touch {m}", "x$(touch {m})", "x`touch {m}`", "x\n#SBATCH --exclusive", "a b",
-        "x|touch {m}", "x&&touch {m}"]
+EVIL = [
+    "x; touch {m}",
+    "x$(touch {m})",
+    "x`touch {m}`",
+    "x\n#SBATCH --exclusive",
+    "a b",
+    "x|touch {m}",
+    "x&&touch {m}",
+]
 
 
 def _never(argv) -> CommandResult:
@@ -50,8 +57,9 @@ def test_pbs_values_with_newlines_or_shell_characters_are_rejected(tmp_path, fie
 
 def test_pbs_select_options_with_a_newline_are_rejected() -> None:
     with pytest.raises(SpecError, match="select_options"):
-        ScavengingPBSProProvider(queue="preemptable", select_options="ngpus=4\n#PBS -q prod",
-                                 run=_never)
+        ScavengingPBSProProvider(
+            queue="preemptable", select_options="ngpus=4\n#PBS -q prod", run=_never
+        )
 
 
 @pytest.mark.parametrize("bad", ["1h", "30", "00:30", "1:00:00\n#SBATCH -p main", ""])
@@ -66,12 +74,20 @@ def test_walltimes_must_be_hh_mm_ss(bad) -> None:
 
 def test_the_preempt_marker_folder_is_quoted_in_the_pilot_script(tmp_path) -> None:
     odd = tmp_path / "sig dir; touch pwned $(id)"
-    prov = ScavengingSlurmProvider(partition="scavenger", signal_dir=str(odd),
-                                   run=lambda argv: CommandResult(1, "", "no scheduler"))
+    prov = ScavengingSlurmProvider(
+        partition="scavenger",
+        signal_dir=str(odd),
+        run=lambda argv: CommandResult(1, "", "no scheduler"),
+    )
     line = prov.trap_line("SLURM_JOB_ID")
     script = tmp_path / "pilot.sh"
-    script.write_text(line + 'kill -TERM $$\n')
-    subprocess.run(["bash", str(script)], cwd=tmp_path, env={"SLURM_JOB_ID": "77", "PATH":
-                   "/usr/bin:/bin"}, timeout=30, check=False)
+    script.write_text(line + "kill -TERM $$\n")
+    subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env={"SLURM_JOB_ID": "77", "PATH": "/usr/bin:/bin"},
+        timeout=30,
+        check=False,
+    )
     assert (odd / "77.term").exists()
     assert not (tmp_path / "pwned").exists()

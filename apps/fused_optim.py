@@ -77,11 +77,23 @@ class FusedOptimizer:
         self.hparams = list(hparams)
         self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
         self.steps = torch.zeros(len(hparams), dtype=torch.float64)  # per trial, like torch's
+        self._cols: dict[tuple, torch.Tensor] = {}
 
-    # -- per-trial values shaped to broadcast against a (B, ...) parameter -------------------
-    def _col(self, values: Sequence[float], like: torch.Tensor, dtype: Any = None) -> torch.Tensor:
-        t = torch.tensor(list(values), dtype=dtype or like.dtype)
-        return t.view(-1, *([1] * (like.dim() - 1)))
+    # -- per-trial values: a Python scalar when all trials agree (torch's own arithmetic,
+    # and fewer passes), else a (B, 1, ...) column that broadcasts against the parameter ----
+    def _col(self, values: Sequence[float], like: torch.Tensor, dtype: Any = None) -> Any:
+        first = values[0]
+        if all(v == first for v in values):
+            return first
+        key = (tuple(values), like.dim(), dtype or like.dtype)
+        col = self._cols.get(key)
+        if col is None:
+            col = torch.tensor(list(values), dtype=dtype or like.dtype)
+            col = col.view(-1, *([1] * (like.dim() - 1)))
+            if len(self._cols) > 256:
+                self._cols.clear()
+            self._cols[key] = col
+        return col
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -91,52 +103,69 @@ class FusedOptimizer:
     def step(self) -> None:
         h = self.hparams
         self.steps += 1
+        steps = self.steps.tolist()
+        if self.kind != "sgd":  # bias corrections per trial, in double precision as torch
+            bc1 = [1 - x.beta1**s for x, s in zip(h, steps)]
+            self._step_size = [x.lr / b for x, b in zip(h, bc1)]
+            self._bc2_sqrt = [(1 - x.beta2**s) ** 0.5 for x, s in zip(h, steps)]
         for p, st in zip(self.params, self.state):
             if p.grad is None:
                 continue
-            grad = p.grad
             if self.kind == "sgd":
-                self._sgd(p, grad, st, h)
+                self._sgd(p, p.grad, st, h)
             else:
-                self._adam(p, grad, st, h)
+                self._adam(p, p.grad, st, h)
+
+    def _decay(self, grad: torch.Tensor, p: torch.Tensor, wd: Any) -> torch.Tensor:
+        if isinstance(wd, torch.Tensor):
+            return torch.addcmul(grad, wd, p)
+        return grad.add(p, alpha=wd) if wd else grad
 
     def _sgd(self, p: torch.Tensor, grad: torch.Tensor, st: dict, h: list[TrialHparams]) -> None:
-        wd = [x.weight_decay for x in h]
-        if any(wd):
-            grad = grad + self._col(wd, p) * p
+        grad = self._decay(grad, p, self._col([x.weight_decay for x in h], p))
         mom = [x.momentum for x in h]
         if any(mom):
             m = self._col(mom, p)
+            damp = h[0].dampening
             buf = st.get("momentum_buffer")
             if buf is None:
                 buf = st["momentum_buffer"] = grad.detach().clone()
             else:
-                buf.mul_(m).add_(grad * (1 - h[0].dampening) if h[0].dampening else grad)
-            # trials with momentum 0 never keep a buffer in torch: their step is the gradient
-            has = self._col([x != 0 for x in mom], p, torch.bool)
-            grad = torch.where(has, grad + buf * m if h[0].nesterov else buf, grad)
-        p.sub_(self._col([x.lr for x in h], p) * grad)
+                buf.mul_(m).add_(grad, alpha=1 - damp)
+            nxt = grad.add(buf * m) if h[0].nesterov else buf
+            if all(mom):
+                grad = nxt
+            else:  # trials with momentum 0 keep no buffer in torch: their step is the gradient
+                grad = torch.where(self._col([x != 0 for x in mom], p, torch.bool), nxt, grad)
+        lr = self._col([x.lr for x in h], p)
+        if isinstance(lr, torch.Tensor):
+            p.sub_(lr * grad)
+        else:
+            p.add_(grad, alpha=-lr)
 
     def _adam(self, p: torch.Tensor, grad: torch.Tensor, st: dict, h: list[TrialHparams]) -> None:
-        wd = [x.weight_decay for x in h]
-        if any(wd):
+        if any(x.weight_decay for x in h):
             if self.kind == "adamw":
                 p.mul_(self._col([1 - x.lr * x.weight_decay for x in h], p))
             else:
-                grad = grad + self._col(wd, p) * p
+                grad = self._decay(grad, p, self._col([x.weight_decay for x in h], p))
         if not st:
             st["exp_avg"] = torch.zeros_like(p)
             st["exp_avg_sq"] = torch.zeros_like(p)
         exp_avg, exp_avg_sq = st["exp_avg"], st["exp_avg_sq"]
-        b2 = self._col([x.beta2 for x in h], p)
         exp_avg.lerp_(grad, self._col([1 - x.beta1 for x in h], p))
-        exp_avg_sq.mul_(b2).add_(self._col([1 - x.beta2 for x in h], p) * grad * grad)
-        steps = self.steps.tolist()
-        bc1 = [1 - x.beta1**s for x, s in zip(h, steps)]
-        bc2_sqrt = [(1 - x.beta2**s) ** 0.5 for x, s in zip(h, steps)]
-        step_size = self._col([x.lr / b for x, b in zip(h, bc1)], p)
-        denom = (exp_avg_sq.sqrt() / self._col(bc2_sqrt, p)).add_(self._col([x.eps for x in h], p))
-        p.sub_(step_size * exp_avg / denom)
+        b2 = self._col([x.beta2 for x in h], p)
+        if isinstance(b2, torch.Tensor):
+            exp_avg_sq.mul_(b2).addcmul_(grad, grad * (1 - b2))
+        else:
+            exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (exp_avg_sq.sqrt() / self._col(self._bc2_sqrt, p)).add_(
+            self._col([x.eps for x in h], p))
+        step_size = self._col(self._step_size, p)
+        if isinstance(step_size, torch.Tensor):
+            p.addcdiv_(exp_avg * step_size, denom, value=-1)
+        else:
+            p.addcdiv_(exp_avg, denom, value=-step_size)
 
     # -- trials leaving and joining ------------------------------------------------------
     def select(self, keep: Sequence[int], params: Sequence[torch.nn.Parameter]) -> None:

@@ -234,3 +234,42 @@ def bench_fused(
                                f"x{row['speedup_vs_serial']:.2f} vs serial  "
                                f"max|dloss| {row['max_abs_loss_diff']:.1e}"
                                f"{'  (held out)' if row['held_out'] else ''}")
+
+
+def fused_rate(build: Any, config: dict[str, Any], B: int, *, gb: int = 64, steps: int = 6
+               ) -> tuple[float, int]:
+    """Trial-samples/s of ``B`` copies of ``build(config)`` fused, and bytes per trial
+    (parameters, gradients, optimizer state, saved activations): what an array size costs."""
+    import torch
+    import torch.nn.functional as F
+
+    from malleparsl.apps.fused_digits import digits_data
+    from malleparsl.apps.fused_layers import FusedSequential
+    from malleparsl.apps.fused_optim import FusedOptimizer, TrialHparams
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Xtr, ytr, _, _ = digits_data()
+        fm = FusedSequential.from_models([build(config) for _ in range(B)])
+        opt = FusedOptimizer(list(fm.parameters()), [TrialHparams.from_config(config)] * B)
+        gen = torch.Generator().manual_seed(0)
+
+        def step() -> None:
+            j = torch.randint(0, len(Xtr), (B, gb), generator=gen)
+            opt.zero_grad()
+            out = fm(Xtr[j])
+            F.cross_entropy(out.reshape(-1, out.shape[-1]), ytr[j].reshape(-1)).backward()
+            opt.step()
+
+        step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        rate = B * gb * steps / (time.perf_counter() - t0)
+        j = torch.randint(0, len(Xtr), (B, gb), generator=gen)
+        saved = _saved_bytes(lambda: fm(Xtr[j]).sum())
+        state = sum(p.numel() * p.element_size() for p in fm.parameters()) * 4
+        return rate, (state + saved) // B
+    finally:
+        torch.set_num_threads(threads)

@@ -99,14 +99,21 @@ class ArrayState:
                    "state": {"model": self.model.trial_state_dict(i),
                              "optimizer": self.opt.trial_state(i, list(plain.parameters()))},
                    "extra": {}, "history": self.history[tid]}
-        CheckpointStore(directory=directory, keep=2).save(payload, step=step)
+        CheckpointStore(directory=directory, keep=4).save(payload, step=step)
 
 
-def _load_trial(model: torch.nn.Module, directory: str | None) -> tuple[int, dict | None, list]:
-    """Load a trial's own checkpoint (if any) into ``model``; (step, optimizer state, history)."""
+def _load_trial(model: torch.nn.Module, directory: str | None, at_most: int | None = None
+                ) -> tuple[int, dict | None, list]:
+    """Load a trial's own checkpoint (if any; the newest at step <= ``at_most``) into
+    ``model``; returns (step, optimizer state, history)."""
     if not directory:
         return 0, None, []
-    found = CheckpointStore(directory=directory).load_latest()
+    store = CheckpointStore(directory=directory)
+    if at_most is None:
+        found = store.load_latest()
+    else:
+        infos = [c for c in store.list() if c.step <= at_most]
+        found = (infos[-1].step, store.read(infos[-1].path)) if infos else None
     if found is None:
         return 0, None, []
     step, payload = found
@@ -130,7 +137,8 @@ def train_array(
     global_batch: int,
     stops: Sequence[int],
 ) -> dict[str, Any]:
-    """Train ``trials`` (dicts with ``trial_id``, ``config``, optional ``seed`` and ``dir``)
+    """Train ``trials`` (dicts with ``trial_id``, ``config``, optional ``seed``, ``dir`` and
+    ``start_step``: resume from the trial's checkpoint in ``dir`` at that step or before)
     together up to ``stops[-1]`` steps; evaluate and export every trial at each stop.
 
     ``build(config)`` returns the trial's ``nn.Sequential`` (called after seeding torch with
@@ -149,7 +157,7 @@ def train_array(
     for t in trials:
         torch.manual_seed(int(t.get("seed", 0)))
         m = build(t["config"])
-        step0, opt_sd, hist = _load_trial(m, t.get("dir"))
+        step0, opt_sd, hist = _load_trial(m, t.get("dir"), t.get("start_step"))
         models.append(m)
         templates[str(t["trial_id"])] = build(t["config"])
         starts.append(step0), opt_states.append(opt_sd), hists.append(hist)

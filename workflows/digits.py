@@ -123,3 +123,28 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
         acc = float((model(Xte).argmax(1) == yte).float().mean())
     return {"accuracy": acc, "loss": float(loss), "steps": int(ctx.step),
             "samples": float(ctx.samples)}
+
+
+def build_digits(config: Mapping[str, Any]) -> Any:
+    """The model of a configuration, for trial arrays (fused) and the array sizer."""
+    return build_model(arch_of(config))
+
+
+def train_digits_array(ctx: Any, *, trials: list[dict[str, Any]], stops: list[int]
+                       ) -> dict[str, Any]:
+    """:func:`train_digits` for many trials at once: one fused array (same architecture and
+    batch size; each trial its own learning rate, seed, parameters and Adam state). Each
+    trial trains exactly as ``train_digits`` would train it alone."""
+    from malleparsl.apps.fused import train_array
+
+    batch = int(trials[0]["config"].get("batch_size", 64))
+    delay = float(ctx.options.get("step_delay_s", 0.0))
+    if delay:  # the emulated heavier model costs each trial its delay: no free speed-up
+        ctx.options["pace_s_per_sample"] = delay * len(trials) / max(1, batch)
+    return train_array(ctx, trials=trials, build=build_digits, data=load_split,
+                       global_batch=batch, stops=stops)
+
+
+def steps_of(config: Mapping[str, Any]) -> int:
+    """Steps a configuration trains in all (its budget over the training split)."""
+    return total_steps(config, len(load_split()[0]))

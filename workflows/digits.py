@@ -25,16 +25,18 @@ from malleparsl.errors import SpecError
 
 from .nas import build_model
 from .scheduler import Budget
-from .space import Choice, IntRange, LogUniform, SearchSpace
+from .space import Choice, LogUniform, SearchSpace
 
 
 def default_space() -> SearchSpace:
-    """The demo's search space: learning rate, width, depth and batch size of an MLP."""
+    """The demo's search space: learning rate, weight decay and width of a one-layer MLP.
+
+    Mostly per-trial hyperparameters, few shapes: trials of one width share a fused array.
+    """
     return SearchSpace({
         "lr": LogUniform(3e-4, 3e-2),
-        "width": Choice([32, 64, 128]),
-        "depth": IntRange(1, 2),
-        "batch_size": Choice([32, 64]),
+        "weight_decay": Choice([0.0, 1e-4, 1e-3]),
+        "width": Choice([64, 128]),
     })
 
 
@@ -100,7 +102,10 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
     Xtr, ytr, Xte, yte = load_split()
     torch.manual_seed(int(config.get("seed", 0)))
     model = build_model(arch_of(config)).to(ctx.device)
-    opt = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-2)))
+    from malleparsl.apps.fused_optim import TrialHparams
+
+    # Adam with the config's lr (and weight_decay, betas...): the update a fused array applies
+    opt = TrialHparams.from_config({"lr": 1e-2, **config}).torch_optimizer(model.parameters())
     ctx.register(model=model, optimizer=opt)
     loss = math.nan
     batch = int(config.get("batch_size", 64))
@@ -137,6 +142,7 @@ def train_digits_array(ctx: Any, *, trials: list[dict[str, Any]], stops: list[in
     trial trains exactly as ``train_digits`` would train it alone."""
     from malleparsl.apps.fused import train_array
 
+    trials = [{**t, "config": {"lr": 1e-2, **t["config"]}} for t in trials]  # as train_digits
     batch = int(trials[0]["config"].get("batch_size", 64))
     delay = float(ctx.options.get("step_delay_s", 0.0))
     if delay:  # the emulated heavier model costs each trial its delay: no free speed-up

@@ -53,7 +53,7 @@ class ArraySizer:
     """Chooses B from the measured fused throughput of a configuration, capped by memory."""
 
     def __init__(self, *, build: Callable[[Mapping[str, Any]], Any], max_size: int = 16,
-                 min_gain: float = 1.15, memory_cap_bytes: float = 2e9, steps: int = 6) -> None:
+                 min_gain: float = 1.15, memory_cap_bytes: float = 2e9, steps: int = 8) -> None:
         self.build, self.max_size, self.min_gain = build, max_size, min_gain
         self.memory_cap_bytes, self.steps = memory_cap_bytes, steps
         self.measured: dict[str, dict[str, Any]] = {}

@@ -75,7 +75,7 @@ def test_fused_trials_match_each_trial_trained_alone(model, kind) -> None:
     build, arch = MODELS[model]
     configs = [{**arch, **hp, "seed": 10 + i} for i, hp in enumerate(HPARAMS[kind])]
     seeds = [10 + i for i in range(4)]
-    steps = 25
+    steps = 15
     got, fm = fused_losses(configs, seeds, steps, build)
     for i, (cfg, s) in enumerate(zip(configs, seeds)):
         want, alone = train_alone(cfg, seed=s, steps=steps, global_batch=GB, build=build)

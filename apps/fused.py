@@ -171,7 +171,10 @@ def train_array(
     state = ArrayState(ids, fm, opt, templates)
     state.history = dict(zip(ids, hists))
     seeds = {tid: int(t.get("seed", 0)) for tid, t in zip(ids, trials)}
-    dirs = {tid: t.get("dir") for tid, t in zip(ids, trials)}
+    # the executor rehearses an entry on a fresh node with a scratch checkpoint folder: a
+    # rehearsal must not write into the trials' own folders (it would export them mid-rung)
+    rehearsal = bool(ctx.options.get("rehearsal"))
+    dirs = {tid: (None if rehearsal else t.get("dir")) for tid, t in zip(ids, trials)}
     ctx.register(array=state)
     if not ctx.restore():
         ctx.step, ctx.samples = starts[0], float(starts[0] * global_batch)

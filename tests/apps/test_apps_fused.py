@@ -161,3 +161,19 @@ def test_a_dropped_trial_leaves_mid_run_and_the_others_are_unaffected(runner, tm
     want, _ = train_alone(trials[1]["config"], seed=trials[1]["seed"], steps=step,
                           global_batch=GB, build=build_mlp)
     assert max(abs(h["loss"] - w) for h, w in zip(payload["history"], want)) <= TOL
+
+
+def test_a_rehearsal_does_not_write_into_the_trials_folders(tmp_path) -> None:
+    """The executor rehearses an entry on a fresh node (scratch checkpoint folder, options
+    ``rehearsal=True``); exporting the trials from there would plant checkpoints mid-rung."""
+    from malleparsl.apps.context import TrainContext
+
+    trials = _trials(tmp_path, n=2)
+    ctx = TrainContext.local(ckpt_dir=str(tmp_path / "scratch"), rehearsal=True)
+    try:
+        out = train_array(ctx, trials=trials, build=build_mlp, data=digits_data,
+                          global_batch=GB, stops=[3])
+    finally:
+        ctx.close()
+    assert out["steps"] == 3
+    assert not any((tmp_path / t["trial_id"]).exists() for t in trials)

@@ -49,6 +49,7 @@ class DemoSettings:
     final_top_k: int = 2
     step_delay_s: float = 0.0  # seconds added to every training step (emulates a bigger model)
     pack: bool = True  # fuse compatible trials into arrays (HFTA); False: one job per trial
+    array_size: int = 0  # trials per array; 0: chosen from measured throughput ("auto")
 
     def __post_init__(self) -> None:
         if self.nodes == 0:
@@ -200,7 +201,8 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         if packed:
             rungs = None if s.nas else default_budget(quick=s.quick).rungs
             runner = PackedTrialRunner(array_fn=train_digits_array, steps_of=steps_of,
-                                       rungs=rungs, pack="auto", build=build_digits, **common)
+                                       rungs=rungs, pack=s.array_size or "auto",
+                                       build=build_digits, **common)
         else:
             runner = AppTrialRunner(**common)
         title = f"malleparsl demo: {'NAS' if s.nas else 'HPO'} on digits, {mode}"

@@ -114,6 +114,7 @@ class TrainContext:
         self.group = False  # True once a torch.distributed default group is ours
         self.step = 0  # completed optimizer steps of the whole job
         self.samples = 0.0  # samples trained by the whole job
+        self.sample_weight = 1  # samples counted per global-batch sample (B for a trial array)
         self.history: list[dict[str, Any]] = []  # ctx.report(...) records, checkpointed
         self.extra: dict[str, Any] = {}  # user data to checkpoint (plain values, tensors)
         self.metrics: dict[str, Any] = {}
@@ -368,7 +369,7 @@ class TrainContext:
     def _after_step(self, global_batch: int) -> None:
         now = time.monotonic()
         self.step += 1
-        self.samples += global_batch
+        self.samples += global_batch * self.sample_weight
         if self._warm is None:  # the first step pays for warm-up; measure from its end
             self._warm = (now, self.samples)
         elif now > self._warm[0]:

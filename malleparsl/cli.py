@@ -34,6 +34,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "allocator", "malleparsl.allocator.bench:bench_allocator"),
     ("bench", "executor", "malleparsl.executors.bench:bench_executor"),
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
+    ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),
 ]
 

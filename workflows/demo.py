@@ -48,6 +48,8 @@ class DemoSettings:
     timeout_s: float = 600.0
     final_top_k: int = 2
     step_delay_s: float = 0.0  # seconds added to every training step (emulates a bigger model)
+    pack: bool = True  # fuse compatible trials into arrays (HFTA); False: one job per trial
+    array_size: int = 0  # trials per array; 0: chosen from measured throughput ("auto")
 
     def __post_init__(self) -> None:
         if self.nodes == 0:
@@ -85,6 +87,8 @@ def build_workflow(s: DemoSettings) -> tuple[Any, Any, float]:
 
     wf = Workflow(metric="accuracy", mode="max")
     conc = max(2, (s.nodes + 1) // 2)  # leave room for trials to grow
+    if s.pack and not s.plain:  # arrays hold many trials: hand out every suggestion at once
+        conc = max(conc, s.n_trials)
     if s.nas:
         full = 12.0 if s.quick else 20.0
         pop = max(2, min(6, s.n_trials // 2))
@@ -145,7 +149,15 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
     from malleparsl.site_configs.local import local_config
 
     from .apprunner import AppTrialRunner
-    from .digits import load_split, train_digits
+    from .digits import (
+        build_digits,
+        default_budget,
+        load_split,
+        steps_of,
+        train_digits,
+        train_digits_array,
+    )
+    from .packing import PackedTrialRunner
     from .progress import ProgressView
     from .report_html import write_plots, write_summary
     from .timeline import Recorder
@@ -178,16 +190,26 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
     wf, first, full = build_workflow(s)
     n_train = len(load_split()[0])
     mode = "plain (1 node per trial, no resizing)" if s.plain else "malleable"
+    packed = s.pack and not s.plain
+    if packed:
+        mode += ", trials packed into fused arrays"
     dfk = parsl.load(config)
     try:
         ex = dfk.executors["malleable"]
         rec = Recorder(executor=ex, period_s=0.5).start()
-        runner = AppTrialRunner(train_fn=train_digits, budget_unit="epochs", min_nodes=1,
-                                max_nodes=s.max_nodes, ckpt_root=out / "ckpt",
-                                samples_per_unit=n_train, malleable=not s.plain,
-                                options={"torch_threads": 1, "ckpt_interval_s": 5,
-                                         "progress_interval_s": 0.5, "pg_timeout_s": 60,
-                                         "step_delay_s": s.step_delay_s})
+        common = dict(train_fn=train_digits, budget_unit="epochs", min_nodes=1,
+                      max_nodes=s.max_nodes, ckpt_root=out / "ckpt",
+                      samples_per_unit=n_train, malleable=not s.plain,
+                      options={"torch_threads": 1, "ckpt_interval_s": 5,
+                               "progress_interval_s": 0.5, "pg_timeout_s": 60,
+                               "step_delay_s": s.step_delay_s})
+        if packed:
+            rungs = None if s.nas else default_budget(quick=s.quick).rungs
+            runner = PackedTrialRunner(array_fn=train_digits_array, steps_of=steps_of,
+                                       rungs=rungs, pack=s.array_size or "auto",
+                                       build=build_digits, **common)
+        else:
+            runner = AppTrialRunner(**common)
         title = f"malleparsl demo: {'NAS' if s.nas else 'HPO'} on digits, {mode}"
         with ProgressView(recorder=rec, runner=runner, n_trials=s.n_trials + s.final_top_k,
                           title=title, console=console):
@@ -227,6 +249,12 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         "trace_slice": trace_info,
         "monitoring_db": str(out / "monitoring.db") if s.monitoring else None,
     }
+    if packed:
+        runner.close()
+        pk = runner.packing_summary()
+        summary["packing"] = pk
+        summary["arrays"] = pk["arrays"]
+        summary["array_speedup_measured"] = max((m["speedup"] for m in pk["measured"]), default=None)
     write_plots(out, samples=rec.samples, table=table, events=runner.events)
     summary["wall_s"] = round(time.time() - t_start, 1)  # everything but this last write
     write_summary(out, table=table, summary=summary, title=title)
@@ -245,6 +273,8 @@ def demo(
     policy: str = typer.Option("milp", "--policy", help="Allocation policy name."),
     jpa: bool = typer.Option(True, "--jpa/--no-jpa", help="Learn curves with the JPA."),
     plain: bool = typer.Option(False, "--plain", help="One node per trial, no resizing."),
+    pack: bool = typer.Option(True, "--pack/--no-pack", help="Fuse compatible trials into "
+                              "arrays (one job trains many; --no-pack: one job per trial)."),
     monitoring: bool = typer.Option(False, "--monitoring", help="Write Parsl's monitoring DB."),
     seed: int = typer.Option(0, "--seed", help="Seeds the trace window and the search."),
 ) -> None:
@@ -255,7 +285,7 @@ def demo(
     console = Console()
     s = DemoSettings(out=str(out), quick=quick, nas=nas, nodes=nodes, trials=trials or None,
                      max_nodes=max_nodes, speed=speed, policy=policy, jpa=jpa, plain=plain,
-                     monitoring=monitoring, seed=seed)
+                     monitoring=monitoring, seed=seed, pack=pack)
     root = logging.getLogger()
     for h in root.handlers:  # parsl.load() sets its logger to DEBUG; keep it off the console
         if h.level == logging.NOTSET:
@@ -266,6 +296,9 @@ def demo(
     console.print(f"trials {summary['trials']}  rescales {summary['rescales']}  node-s used "
                   f"{summary['node_seconds_used']} of {summary['node_seconds_idle']} idle  wall "
                   f"{summary['wall_s']} s  ({summary['mode']})")
+    if summary.get("packing"):
+        console.print(f"arrays {summary['arrays']} (sizes {summary['packing']['array_sizes']}), "
+                      f"measured fused speed-up x{summary['array_speedup_measured']}")
     console.print(f"report: {Path(out).resolve() / 'report.html'}")
     if (summary["best_accuracy"] or 0.0) < 0.95:
         console.print("[yellow]the best trial stayed below 0.95 test accuracy; try more trials "

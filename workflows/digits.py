@@ -22,16 +22,18 @@ from malleparsl.errors import SpecError
 
 from .nas import build_model
 from .scheduler import Budget
-from .space import Choice, IntRange, LogUniform, SearchSpace
+from .space import Choice, LogUniform, SearchSpace
 
 
 def default_space() -> SearchSpace:
-    """The demo's search space: learning rate, width, depth and batch size of an MLP."""
+    """The demo's search space: learning rate, weight decay and width of a one-layer MLP.
+
+    Mostly per-trial hyperparameters, few shapes: trials of one width share a fused array.
+    """
     return SearchSpace({
         "lr": LogUniform(3e-4, 3e-2),
-        "width": Choice([32, 64, 128]),
-        "depth": IntRange(1, 2),
-        "batch_size": Choice([32, 64]),
+        "weight_decay": Choice([0.0, 1e-4, 1e-3]),
+        "width": Choice([64, 128]),
     })
 
 
@@ -95,7 +97,10 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
     Xtr, ytr, Xte, yte = load_split()
     torch.manual_seed(int(config.get("seed", 0)))
     model = build_model(arch_of(config)).to(ctx.device)
-    opt = torch.optim.Adam(model.parameters(), lr=float(config.get("lr", 1e-2)))
+    from malleparsl.apps.fused_optim import TrialHparams
+
+    # Adam with the config's lr (and weight_decay, betas...): the update a fused array applies
+    opt = TrialHparams.from_config({"lr": 1e-2, **config}).torch_optimizer(model.parameters())
     ctx.register(model=model, optimizer=opt)
     loss = math.nan
     batch = int(config.get("batch_size", 64))
@@ -118,3 +123,29 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
         acc = float((model(Xte).argmax(1) == yte).float().mean())
     return {"accuracy": acc, "loss": float(loss), "steps": int(ctx.step),
             "samples": float(ctx.samples)}
+
+
+def build_digits(config: Mapping[str, Any]) -> Any:
+    """The model of a configuration, for trial arrays (fused) and the array sizer."""
+    return build_model(arch_of(config))
+
+
+def train_digits_array(ctx: Any, *, trials: list[dict[str, Any]], stops: list[int]
+                       ) -> dict[str, Any]:
+    """:func:`train_digits` for many trials at once: one fused array (same architecture and
+    batch size; each trial its own learning rate, seed, parameters and Adam state). Each
+    trial trains exactly as ``train_digits`` would train it alone."""
+    from malleparsl.apps.fused import train_array
+
+    trials = [{**t, "config": {"lr": 1e-2, **t["config"]}} for t in trials]  # as train_digits
+    batch = int(trials[0]["config"].get("batch_size", 64))
+    delay = float(ctx.options.get("step_delay_s", 0.0))
+    if delay:  # the emulated heavier model costs each trial its delay: no free speed-up
+        ctx.options["pace_s_per_sample"] = delay * len(trials) / max(1, batch)
+    return train_array(ctx, trials=trials, build=build_digits, data=load_split,
+                       global_batch=batch, stops=stops)
+
+
+def steps_of(config: Mapping[str, Any]) -> int:
+    """Steps a configuration trains in all (its budget over the training split)."""
+    return total_steps(config, len(load_split()[0]))

@@ -52,7 +52,7 @@ def test_two_stage_sweep_survives_a_node_leaving_mid_training(tmp_path):
     source = LeaveWhileTraining()
     settings = DemoSettings(out=str(tmp_path / "report"), quick=True, trials=3, final_top_k=1,
                             nodes=3, max_nodes=2, step_delay_s=0.05, monitoring=True,
-                            timeout_s=300)
+                            timeout_s=300, pack=False)  # one job per trial: rows name jobs
     t0 = time.time()
     summary = run_demo(settings, node_source=source)
     wall = time.time() - t0

@@ -1,0 +1,96 @@
+"""A trial array through Parsl: @malleable_app(train_array) on MalleableExecutor, shrunk from
+2 emulated nodes to 1 mid-training (real worker processes, a real gloo group); every trial's
+loss trajectory must still equal that trial trained alone within 1e-5, and the job's rate must
+count the samples of all its trials."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import pytest
+
+parsl = pytest.importorskip("parsl")
+
+from malleparsl.apps import malleable_app  # noqa: E402
+from malleparsl.apps.fused import train_array  # noqa: E402
+from malleparsl.apps.fused_digits import build_mlp, digits_data, train_alone  # noqa: E402
+from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
+from malleparsl.executors.protocol import progress_key  # noqa: E402
+from malleparsl.site_configs.local import local_config  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+WARM = ("torch.distributed", "malleparsl.apps.fused_digits", "sklearn.datasets")
+STEPS, GB = 160, 32
+NODE_TIMEOUT_S = 300
+_clients: dict[int, object] = {}
+
+
+def wait_for(cond, what, ex, timeout_s=NODE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _client(ex):
+    """Our own TCPStore client: the driver's store object belongs to the control thread."""
+    import torch.distributed as dist
+
+    port = ex.control.store_port
+    if port not in _clients:
+        _clients[port] = dist.TCPStore("127.0.0.1", port, None, False,
+                                       timeout=datetime.timedelta(seconds=10))
+    return _clients[port]
+
+
+def segment_of(ex, job_id):
+    job = ex.control.jobs.get(job_id)
+    return None if job is None else job.segment
+
+
+def running_at(ex, job_id, size, min_step=0):
+    seg = segment_of(ex, job_id)
+    if seg is None or len(seg.nodes) != size or seg.last_progress_time is None:
+        return False
+    return json.loads(_client(ex).get(progress_key(job_id, seg.index)))["step"] >= min_step
+
+
+def test_array_shrinks_from_2_to_1_node_and_every_trial_keeps_its_trajectory(tmp_path) -> None:
+    src = ManualNodeSource(nodes=["f0", "f1"])
+    dfk = parsl.load(local_config(
+        nodes=0, node_source=src, run_dir=str(tmp_path / "runinfo"),
+        ckpt_root=str(tmp_path / "ckpt"), warm_modules=WARM, poll_period_s=0.1,
+    ))
+    ex = dfk.executors["malleable"]
+    try:
+        ex.wait_for_nodes(2, NODE_TIMEOUT_S)
+        trials = [{"trial_id": f"t{i}", "seed": 3 + i, "dir": str(tmp_path / f"t{i}"),
+                   "config": {"width": 32, "optimizer": "adam", "lr": 2e-3 * (i + 1)}}
+                  for i in range(3)]
+        app = malleable_app(min_nodes=1, max_nodes=2, curve=[[1, 1.0], [2, 2.0]],
+                            torch_threads=1, pace_s_per_sample=2e-3, ckpt_every_steps=20)(
+            train_array)
+        fut = app(trials=trials, build=build_mlp, data=digits_data, global_batch=GB,
+                  stops=[STEPS // 2, STEPS], malleable_options={"job_id": "array"})
+        wait_for(lambda: running_at(ex, "array", 2, 15), "the array at 2 nodes", ex)
+        seg = segment_of(ex, "array")
+        doc = json.loads(_client(ex).get(progress_key("array", seg.index)))
+        src.take(seg.nodes[-1])  # the source reclaims a node: the array shrinks
+        wait_for(lambda: running_at(ex, "array", 1, 1), "shrink to 1 node", ex)
+        result = fut.result(timeout=NODE_TIMEOUT_S)
+        kinds = [r.kind for r in ex.control.jobs["array"].rescales]
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+    assert "down" in kinds, kinds
+    # the job counts the samples of all 3 trials: 3 x global batch per step
+    assert doc["samples"] == pytest.approx(3 * GB * doc["step"])
+    for t in trials:
+        got = [h["loss"] for h in result["trials"][t["trial_id"]]["history"]]
+        want, _ = train_alone(t["config"], seed=t["seed"], steps=STEPS, global_batch=GB,
+                              build=build_mlp)
+        assert len(got) == STEPS
+        assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5

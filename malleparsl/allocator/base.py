@@ -159,6 +159,7 @@ def _load_builtin_policies() -> None:
 
 _BUILTIN_MODULES: list[str] = [
     "malleparsl.allocator.heuristics",
+    "malleparsl.allocator.bftrainer_heuristic",
     "malleparsl.allocator.milp",
     "malleparsl.allocator.milp_node",
     "malleparsl.sim.policies",

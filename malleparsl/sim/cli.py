@@ -72,6 +72,9 @@ def simulate(
         True, help="Also run upper-bound and upper-bound-capped so '% of bound' is defined."
     ),
     seed: int = typer.Option(0, help="Seed for noise, revealed ends and generated jobs."),
+    semantics: str = typer.Option(
+        "default", help="Accounting: 'default' (ours) or 'bftrainer' (the original replayer's)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
     out: Path | None = typer.Option(  # noqa: B008 - typer's way
         None, help="Write logs (CSV), summary.json/.md and PNG plots here."
@@ -110,7 +113,7 @@ def simulate(
         tr = full.window(t0, t1)
         opts = SimOptions(
             max_active=max_active or None, tfwd_s=tfwd, noise=noise, reveal_ends=reveal_ends,
-            seed=seed, horizon_quantile=horizon_quantile,
+            seed=seed, horizon_quantile=horizon_quantile, semantics=semantics,
         )
     except (MalleparslError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -196,6 +196,8 @@ class _BFReplay:
         """One replan; the new rates, and the rescale costs charged in the next interval."""
         before = self._sizes()
         held = {j: self.ctl.allocation.nodes_of(j) for j in before}
+        for jid in before:
+            self.ctl.report_progress(jid, samples_done=max(0.0, self.done[jid]))
         plan = self.ctl.replan(now_s=now)
         self.solve.append(self.ctl.history[-1].solve_s)
         self.ctl.history.clear()

@@ -303,6 +303,8 @@ class _Replay:
     def _replan(self, lost: dict[str, frozenset]) -> tuple[int, float]:
         """One controller replan; carry out its plan and charge the pauses."""
         now, ctl, tot = self.now, self.ctl, self.totals
+        for jid in self.running:
+            ctl.report_progress(jid, samples_done=self.runs[jid].done)
         plan = ctl.replan(now_s=now)
         tot["replans"] += 1
         self.solve.append(ctl.history[-1].solve_s)

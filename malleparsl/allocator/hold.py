@@ -60,7 +60,9 @@ def _remaining(view: JobView) -> float:
     return float(view.spec.total_samples if rem is None else rem)
 
 
-def hold_values(view: JobView, sizes: np.ndarray, free_h: float, own_h: float) -> np.ndarray:
+def hold_values(
+    view: JobView, sizes: np.ndarray, free_h: float, own_h: float, charge: str = "pause"
+) -> np.ndarray:
     """Value of ``view`` at each count in ``sizes`` relative to keeping its current count.
 
     ``free_h``: expected idle time left on the nodes it would grow onto; ``own_h``: on the
@@ -77,8 +79,11 @@ def hold_values(view: JobView, sizes: np.ndarray, free_h: float, own_h: float) -
     s = view.spec
     h_grow = np.minimum(free_h, job_h)
     exposure = np.where(job_h > free_h, s.rescale_down_s * rk, 0.0)
-    grow = (rk - rc) * h_grow - s.rescale_up_s * rk - exposure
-    shrink = -(rc - rk) * np.minimum(own_h, job_h) - s.rescale_down_s * rk
+    # "pause": the job trains nothing during the pause (at its new size: a start pays too);
+    # "old-rate": BFTrainer's accounting, a lump of pause x the rate before (a start is free)
+    paid = rk if charge == "pause" else rc
+    grow = (rk - rc) * h_grow - s.rescale_up_s * paid - exposure
+    shrink = -(rc - rk) * np.minimum(own_h, job_h) - s.rescale_down_s * paid
     val = np.where(sizes > c, grow, np.where(sizes < c, shrink, 0.0))
     return s.weight * val
 
@@ -168,6 +173,7 @@ class HoldPolicy(AllocationPolicy):
         self.default_horizon_s = float(default_horizon_s)
         self.objective = objective
         self.jct_weight = float(jct_weight)
+        self.charge = "pause"  # how rescales are paid; the BFTrainer replay sets "old-rate"
 
     def __repr__(self) -> str:
         return f"HoldPolicy(objective={self.objective!r})"
@@ -190,7 +196,7 @@ class HoldPolicy(AllocationPolicy):
         for j, w in zip(jobs, prio):
             sizes = allowed_sizes(j, n)
             own_h = float(np.mean([hz[x] for x in j.current])) if j.current else free_h
-            values.append((sizes, w * hold_values(j, sizes, free_h, own_h)))
+            values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.charge)))
         counts = best_counts(n, jobs, values)
         order = sorted(jobs, key=lambda j: -counts[j.job_id] + len(j.current))
         return place(

@@ -139,6 +139,8 @@ class _BFReplay:
                 "replays known curves only (use the default semantics)"
             )
         self.trace, self.policy = trace, policy
+        if getattr(pol, "charge", None) is not None:
+            pol.charge = "old-rate"  # type: ignore[attr-defined]  # costs as this accounting
         self.free = bool(getattr(pol, "ignores_costs", False))
         uncapped = self.free and not getattr(pol, "keeps_cap", False)
         self.horizon = FragmentHorizon() if horizon else None

@@ -100,7 +100,7 @@ def simulate_bftrainer(
     trace: IdleTrace,
     jobs: Sequence[JobSpec],
     *,
-    policy: str = "milp",
+    policy: str = "hold",
     max_active: int | None = 10,
     tfwd_s: float = 10.0,
     policy_options: dict | None = None,

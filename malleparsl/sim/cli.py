@@ -66,7 +66,7 @@ def simulate(
         None, help="Window start, hours since the trace start (default: first job submission)."
     ),
     policy: str = typer.Option(
-        "milp,equal-share,upper-bound", help="Comma-separated policies (setups) to compare."
+        "hold,milp,equal-share,upper-bound", help="Comma-separated policies (setups) to compare."
     ),
     max_active: int = typer.Option(10, help="Cap on concurrently admitted jobs (0 = no cap)."),
     tfwd: float = typer.Option(10.0, help="Expected seconds to the next event (BFTrainer Tfwd)."),

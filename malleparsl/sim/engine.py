@@ -93,7 +93,7 @@ def simulate(
     trace: IdleTrace,
     jobs: Sequence[JobSpec],
     *,
-    policy: str = "milp",
+    policy: str = "hold",
     options: SimOptions | None = None,
     policy_options: dict | None = None,
     progress: Callable[[float], None] | None = None,

@@ -99,18 +99,16 @@ def best_counts(
     best = np.zeros(n_nodes + 1)
     choices = []
     for sizes, vals in values:
-        new = np.full(n_nodes + 1, -np.inf)
-        arg = np.zeros(n_nodes + 1, dtype=np.int64)
-        for k, v in zip(sizes.tolist(), vals.tolist()):
-            if k > n_nodes:
-                continue
-            cand = best[: n_nodes + 1 - k] + v
-            seg = new[k:]
-            better = cand > seg
-            seg[better] = cand[better]
-            arg[k:][better] = k
-        best = new
-        choices.append(arg)
+        ok = sizes <= n_nodes
+        sizes, vals = sizes[ok], vals[ok]
+        smax = int(sizes.max(initial=0))
+        # windows[k][m] = best[m - sizes[k]] (-inf where m < sizes[k]): one gather per job
+        padded = np.concatenate((np.full(smax, -np.inf), best))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, n_nodes + 1)[smax - sizes]
+        cand = windows + vals[:, None]
+        pick = np.argmax(cand, axis=0)
+        best = cand[pick, np.arange(n_nodes + 1)]
+        choices.append(sizes[pick])
     counts: dict[str, int] = {}
     m = int(np.argmax(best))
     for j, arg in zip(reversed(jobs), reversed(choices)):

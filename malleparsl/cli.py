@@ -35,6 +35,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "executor", "malleparsl.executors.bench:bench_executor"),
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
     ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
+    ("bench", "decisions", "malleparsl.sim.bench_decisions:bench_decisions"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),
 ]
 

@@ -40,6 +40,7 @@ class JobState:
     submitted_s: float = 0.0
     admitted_s: float | None = None
     finished_s: float | None = None
+    done_samples: float = 0.0  # progress last reported (Controller.report_progress)
 
 
 class CurveAdvisor(ABC):
@@ -83,7 +84,13 @@ class KnownCurves(CurveAdvisor):
                     "let the Job Profiling Advisor learn it (Controller(advisor=JobProfilingAdvisor()))"
                 )
             out.append(
-                JobView(js.spec, js.spec.curve, allocation.nodes_of(js.spec.job_id))
+                JobView(
+                    js.spec,
+                    js.spec.curve,
+                    allocation.nodes_of(js.spec.job_id),
+                    remaining_samples=max(0.0, js.spec.total_samples - js.done_samples),
+                    attained_samples=js.done_samples,
+                )
             )
         return out
 
@@ -187,6 +194,10 @@ class Controller:
         """A training-rate measurement from the monitor (live) or the simulator."""
         self._job(job_id)
         self.advisor.observe(job_id, n_nodes, samples_per_s, now_s)
+
+    def report_progress(self, job_id: str, *, samples_done: float) -> None:
+        """Samples a job has trained so far (policies plan with what is left)."""
+        self._job(job_id).done_samples = float(samples_done)
 
     def observe_rescale(self, job_id: str, *, kind: str, pause_s: float) -> None:
         self._job(job_id)

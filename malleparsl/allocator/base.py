@@ -31,6 +31,8 @@ class JobView:
     current: frozenset[NodeId] = frozenset()
     min_nodes: int | None = None
     max_nodes: int | None = None
+    remaining_samples: float | None = None  # None: the spec's total (no progress reported)
+    attained_samples: float = 0.0  # trained so far (attained service, for MLFQ priorities)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", frozenset(self.current))
@@ -159,6 +161,8 @@ def _load_builtin_policies() -> None:
 
 _BUILTIN_MODULES: list[str] = [
     "malleparsl.allocator.heuristics",
+    "malleparsl.allocator.bftrainer_heuristic",
+    "malleparsl.allocator.hold",
     "malleparsl.allocator.milp",
     "malleparsl.allocator.milp_node",
     "malleparsl.sim.policies",

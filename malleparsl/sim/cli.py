@@ -112,6 +112,21 @@ def _check_inputs(  # noqa: PLR0913 - one check per option
         _check_out(out)
 
 
+def _warmup(full, trace: str, warmup_h: float | None) -> float:  # noqa: ANN001
+    """Seconds to skip at the trace's start: the user's, else an SWF log's measured warm-up."""
+    if warmup_h is not None:
+        if not (math.isfinite(warmup_h) and warmup_h >= 0):
+            from malleparsl.errors import SpecError
+
+            raise SpecError(f"--warmup-h {warmup_h!r}: must be a finite number of hours >= 0")
+        return 3600.0 * warmup_h
+    if str(trace).lower().endswith((".swf", ".swf.gz")):
+        from malleparsl.sim.windows import warmup_s
+
+        return warmup_s(full)
+    return 0.0
+
+
 def simulate(
     trace: str = typer.Option("summit", help="Trace: 'summit', a fragment CSV, or an SWF job log."),
     jobs: str = typer.Option(
@@ -123,7 +138,7 @@ def simulate(
         None, help="Window start, hours since the trace start (default: first job submission)."
     ),
     policy: str = typer.Option(
-        "milp,equal-share,upper-bound", help="Comma-separated policies (setups) to compare."
+        "milp,hold,equal-share,upper-bound", help="Comma-separated policies (setups) to compare."
     ),
     max_active: int = typer.Option(10, help="Cap on concurrently admitted jobs (0 = no cap)."),
     tfwd: float = typer.Option(10.0, help="Expected seconds to the next event (BFTrainer Tfwd)."),
@@ -142,6 +157,14 @@ def simulate(
         True, help="Also run upper-bound and upper-bound-capped so '% of bound' is defined."
     ),
     seed: int = typer.Option(0, help="Seed for noise, revealed ends and generated jobs."),
+    warmup_h: float | None = typer.Option(
+        None,
+        help="SWF logs: hours skipped at the log's start while the replay fills the machine "
+        "(default: until utilisation first reaches its steady level; 0 = skip nothing).",
+    ),
+    semantics: str = typer.Option(
+        "default", help="Accounting: 'default' (ours) or 'bftrainer' (the original replayer's)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per policy."),
     out: Path | None = typer.Option(  # noqa: B008 - typer's way
         None, help="Write logs (CSV), summary.json/.md and PNG plots here."
@@ -177,19 +200,29 @@ def simulate(
         raise SpecError(f"--policy: unknown policy {bad}; valid policies are: {', '.join(valid)}")
     try:
         full = load_trace(trace, nodes=nodes, machine_nodes=machine_nodes)
-        specs = _jobs(jobs, limit=limit_jobs, start_s=full.start_s, seed=seed)
+        warm = _warmup(full, trace, warmup_h)
+        generated = jobs.startswith("poisson:")
         if start_h is not None:
             t0 = full.start_s + 3600 * start_h
-        else:
-            t0 = max(full.start_s, min((j.submit_s for j in specs), default=full.start_s))
+        elif generated:
+            t0 = full.start_s + warm
+        # generated jobs arrive from the window's start, not the trace's
+        specs = _jobs(jobs, limit=limit_jobs, start_s=t0 if generated else full.start_s, seed=seed)
+        if start_h is None and not generated:
+            t0 = max(full.start_s + warm, min((j.submit_s for j in specs), default=full.start_s))
         t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
         tr = full.window(t0, t1)
         opts = SimOptions(
             max_active=max_active or None, tfwd_s=tfwd, noise=noise, reveal_ends=reveal_ends,
-            seed=seed, horizon_quantile=horizon_quantile,
+            seed=seed, horizon_quantile=horizon_quantile, semantics=semantics,
         )
     except (MalleparslError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
+    if warm > 0:
+        console.print(
+            f"skipped the first {warm / 3600:.1f} h of the log (warm-up: the replay filling an "
+            "empty machine); --warmup-h overrides"
+        )
     console.print(
         f"trace {tr.name}: {len(tr.nodes)} nodes, {tr.duration_s / 3600:.1f} h from "
         f"t={tr.start_s:.0f} s, mean idle {tr.mean_idle_nodes():.1f} nodes; "
@@ -209,6 +242,7 @@ def simulate(
                 )
             except MalleparslError as exc:
                 _fail(f"{name}: {exc}")
+            res.extra["warmup_h"] = round(warm / 3600, 3)
             results.append(res)
     rows = compare(results)
     if json_out:

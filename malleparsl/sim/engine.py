@@ -40,6 +40,9 @@ from malleparsl.traces import IdleTrace
 
 log = logging.getLogger(__name__)
 
+SEMANTICS = ("default", "bftrainer")
+"""Accountings ``simulate`` offers: ours (the default) and the original BFTrainer replayer's."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimOptions:
@@ -55,8 +58,13 @@ class SimOptions:
     observe_every_s: float = 300.0  # at most one measurement per job per this many seconds
     seed: int = 0
     skip_idle_removals: bool = True
+    semantics: str = "default"  # "bftrainer": the original replayer's accounting (sim/bftrainer.py)
 
     def __post_init__(self) -> None:
+        if self.semantics not in SEMANTICS:
+            raise SpecError(
+                f"semantics must be one of {', '.join(SEMANTICS)}, got {self.semantics!r}"
+            )
         if not 0 <= self.reveal_ends <= 1:
             raise SpecError(f"reveal_ends must be in [0, 1], got {self.reveal_ends!r}")
         if self.noise < 0 or self.warmup_s < 0 or self.observe_every_s < 0:
@@ -104,6 +112,15 @@ def simulate(
     >>> simulate(tr, [job], policy="upper-bound").samples
     150.0
     """
+    opts = options or SimOptions()
+    if opts.semantics == "bftrainer":
+        from malleparsl.sim.bftrainer import simulate_bftrainer
+
+        return simulate_bftrainer(
+            trace, jobs, policy=policy, max_active=opts.max_active, tfwd_s=opts.tfwd_s,
+            policy_options=policy_options, history=history, horizon=opts.horizon,
+            progress=progress,
+        )
     t_wall = time.perf_counter()
     rep = _Replay(trace, jobs, policy, options or SimOptions(), policy_options or {}, history)
     rep.run(progress)
@@ -286,6 +303,8 @@ class _Replay:
     def _replan(self, lost: dict[str, frozenset]) -> tuple[int, float]:
         """One controller replan; carry out its plan and charge the pauses."""
         now, ctl, tot = self.now, self.ctl, self.totals
+        for jid in self.running:
+            ctl.report_progress(jid, samples_done=self.runs[jid].done)
         plan = ctl.replan(now_s=now)
         tot["replans"] += 1
         self.solve.append(ctl.history[-1].solve_s)

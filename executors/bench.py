@@ -147,6 +147,10 @@ def bench_executor(
                         ("rescales", rescales, 0)):
         if v < lo:
             raise SpecError(f"--{name} must be >= {lo}, got {v!r}")
+    if rescales or train:
+        from malleparsl.extras import require
+
+        require("torch", feature="the rescale and training figures (--rescales 0 --no-train skip them)")
     # Parsl logs at DEBUG to its run_dir; keep those records off the console, where printing
     # them would cost more CPU than the tasks being measured.
     logging.getLogger("parsl").propagate = False

@@ -25,6 +25,7 @@ from typing import Any
 import typer
 
 from malleparsl.errors import SpecError
+from malleparsl.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
 
     ``wall_s`` counts from ``t_start`` (default: now) to the report written.
     """
+    require("torch", "sklearn", feature="the demo")
     import parsl
 
     from malleparsl.site_configs.local import local_config

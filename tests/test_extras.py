@@ -104,3 +104,16 @@ def test_version_and_python_dash_m(tmp_path):
     res = subprocess.run([sys.executable, "-m", "malleparsl", "simulate", "--help"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0 and "--policy" in res.stdout
+
+
+def test_json_output_is_only_json(tmp_path):
+    """Nothing but JSON on stdout with --json (HiGHS >= 1.16 prints a banner on its first
+    instance unless malleparsl.allocator.highs swallowed it)."""
+    import json
+
+    code = "from malleparsl.cli import main\nsys.argv[0] = 'malleparsl'\nmain()\n"
+    res = _run(code, "simulate", "--nodes", "0:16", "--hours", "1", "--jobs", "shufflenet-10",
+               "--policy", "milp", "--no-bound", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["policy"] for r in rows] == ["milp"]

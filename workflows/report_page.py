@@ -151,18 +151,24 @@ def _table(rows: Sequence[tuple[str, str]], cls: str = "") -> str:
 
 
 def trials_table(table: TrialsTable, folder: Path) -> str:
-    """One row per trial and rung: what it ran with and how it did (no absolute paths)."""
+    """One row per trial and rung: what it ran with and how it did (no absolute paths).
+
+    Sizes appear only when the runner recorded them (``TrialRow.sizes``); a column of zeros
+    would claim trials ran on no node.
+    """
     if not len(table):
         return "<p>No trial ran.</p>"
-    head = ("trial", "rung", "budget", "status", "configuration", table.metric, "most nodes",
-            "rescales", "wall time", "checkpoint folder")
+    sized = any(r.sizes for r in table.rows)
+    head = ("trial", "rung", "budget", "status", "configuration", table.metric,
+            *(("most nodes", "rescales") if sized else ()), "wall time", "checkpoint folder")
     rows = []
     for r in table.rows:
         flat = r.flat()
         cells = (f"{r.stage}/{r.trial_id}", fmt(r.rung), fmt(r.budget),
                  r.status + (f": {r.error.splitlines()[0][:120]}" if r.error else ""),
-                 fmt(r.config), fmt(r.metrics.get(table.metric)), fmt(flat["max_nodes_used"]),
-                 fmt(flat["rescales"]), duration(flat["wall_s"]) if flat["wall_s"] else "—",
+                 fmt(r.config), fmt(r.metrics.get(table.metric)),
+                 *((fmt(flat["max_nodes_used"]), fmt(flat["rescales"])) if sized else ()),
+                 duration(flat["wall_s"]) if flat["wall_s"] else "—",
                  relative(r.ckpt_dir, folder) or "—")
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
@@ -171,7 +177,9 @@ def trials_table(table: TrialsTable, folder: Path) -> str:
 
 def details(s: Mapping[str, Any], folder: Path) -> str:
     """Settings, trace slice, files and any figure not shown above, each as a table."""
-    out = ["<h2>Settings</h2>", _table([(k, fmt(v)) for k, v in (s.get("settings") or {}).items()])]
+    settings = [(k, "this report's folder" if k == "out" else fmt(v))
+                for k, v in (s.get("settings") or {}).items()]
+    out = ["<h2>Settings</h2>", _table(settings)]
     trace = s.get("trace_slice") or {}
     out += ["<h2>Trace slice</h2>", _table([(k, fmt(v)) for k, v in trace.items()])]
     links = [(label, relative(p, folder)) for label, p in (

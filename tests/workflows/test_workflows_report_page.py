@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from malleparsl.workflows.report_html import write_report
-from malleparsl.workflows.report_page import duration, fmt, relative
+from malleparsl.workflows.report_page import duration, fmt, relative, render_page
 from malleparsl.workflows.results import TrialRow, TrialsTable
 from malleparsl.workflows.runner import TrialEvent
 from malleparsl.workflows.timeline import Sample
@@ -52,7 +52,8 @@ def _report(tmp_path):
         "rescales": 1, "rescales_by_kind": {"up": 1}, "node_seconds_idle": 27.0,
         "node_seconds_used": 20.0, "utilisation": 0.741, "workflow_wall_s": 9.0,
         "wall_s": 95.4, "stages_failed": [], "policy": "milp + JPA",
-        "settings": {"quick": True, "nodes": 3, "speed": 30.0, "policy": "milp"},
+        "settings": {"out": str(out), "quick": True, "nodes": 3, "speed": 30.0,
+                     "policy": "milp"},
         "trace_slice": {"trace": "summit", "nodes": ["a01n01", "a01n02", "a01n03"],
                         "window_start_s": 72743.0, "speed": 30.0},
         "monitoring_db": None, "fused_trials": 4,
@@ -89,6 +90,10 @@ def test_report_opens_with_the_achievement_and_has_no_json_or_absolute_paths(tmp
     assert "ckpt/s-t0/step_40.pt" in page
     assert "fused trials" in text  # a key the page does not know yet still shows
     assert "a01n01, a01n02, a01n03" in text
+    assert "most nodes" in text  # t0 recorded its sizes: 1 node, then 2
+    rows = TrialsTable([TrialRow(stage="s", trial_id="x", metrics={"accuracy": 0.5},
+                                 status="stopped")])
+    assert "most nodes" not in render_page(tmp_path, summary={}, table=rows)  # none recorded
 
 
 def _chromium() -> str:

@@ -24,15 +24,10 @@ EXTRAS: dict[str, dict[str, str]] = {
     "globus": {
         "globus_compute_sdk": "globus-compute-sdk",
         "globus_compute_endpoint": "globus-compute-endpoint",
-        "globus_compute_common": "globus-compute-sdk",
+        "globus_compute_common": "globus-compute-common",
     },
 }
 """extra -> {top-level module -> the distribution that provides it}."""
-
-WHAT_EXTRA_GIVES = {
-    "torch": "training: malleable apps, the executor's jobs, the demo, the examples",
-    "globus": "remote submission through a Globus Compute endpoint (MalleableEngine)",
-}
 
 
 class MissingExtraError(MalleparslError, ModuleNotFoundError):

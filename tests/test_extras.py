@@ -117,3 +117,38 @@ def test_json_output_is_only_json(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
     assert [r["policy"] for r in rows] == ["milp"]
+
+
+def test_every_third_party_import_is_declared():
+    """Each library the code imports is a declared dependency: the base's in ``dependencies``,
+    torch / scikit-learn / Globus in the extras that ``malleparsl.extras`` names."""
+    import ast
+    import importlib.metadata as md
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    repo = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+
+    def names(reqs):
+        return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
+
+    base = names(project["dependencies"])
+    extras = {k: names(v) for k, v in project["optional-dependencies"].items()}
+    dists = md.packages_distributions()
+    tops = set()
+    for folder in ("malleparsl", "executors", "apps", "workflows", "site_configs"):
+        for f in (repo / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    tops |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    tops.add(node.module.split(".")[0])
+    tops -= set(sys.stdlib_module_names) | {"malleparsl"}
+    assert {"parsl", "pulp", "scipy", "torch"} <= tops
+    for top in sorted(tops):
+        provided = {d.lower() for d in dists.get(top, [])}
+        extra = extra_of(top)
+        declared = extras[extra] if extra else base
+        assert provided & declared, f"{top} (from {provided}) is not declared in {extra or 'base'}"

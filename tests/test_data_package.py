@@ -12,17 +12,7 @@ import pytest
 from malleparsl.data import PACKAGED, data_dir, load_jobset
 from malleparsl.traces import JOB_LOGS, TRACES, load_trace
 
-REPO = Path(__file__).resolve().parents[1]
-REFERENCE = Path(os.environ.get("MALLEPARSL_REFERENCE_DATA", REPO.parent / "shared" / "data"))
 SHIPPED = ("summit-idle-2021", "bftrainer-jobs", "theta-2023-swf")
-
-
-def _reference() -> Path:
-    if not REFERENCE.is_dir():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"reference data {REFERENCE} missing in CI (shared/ beside the clone)")
-        pytest.skip(f"reference data {REFERENCE} not present")
-    return REFERENCE
 
 
 def _files(root: Path, folder: str) -> list[str]:
@@ -30,11 +20,10 @@ def _files(root: Path, folder: str) -> list[str]:
 
 
 @pytest.mark.parametrize("folder", SHIPPED)
-def test_shipped_files_have_the_reference_bytes(folder):
-    ref = _reference()
-    assert _files(PACKAGED, folder) == _files(ref, folder)
-    for rel in _files(ref, folder):
-        assert (PACKAGED / rel).read_bytes() == (ref / rel).read_bytes(), rel
+def test_shipped_files_have_the_reference_bytes(folder, reference_data):
+    assert _files(PACKAGED, folder) == _files(reference_data, folder)
+    for rel in _files(reference_data, folder):
+        assert (PACKAGED / rel).read_bytes() == (reference_data / rel).read_bytes(), rel
 
 
 def test_every_short_name_points_into_the_shipped_data():

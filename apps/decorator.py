@@ -28,6 +28,7 @@ from parsl.app.python import PythonApp
 
 from malleparsl.apps.entry import RESOURCE_SPEC_KW, RankEntry
 from malleparsl.errors import SpecError
+from malleparsl.extras import require
 from malleparsl.model import JobSpec, ScalingCurve
 
 
@@ -127,6 +128,7 @@ def malleable_app(
         ``seed``, ``micro_batch``, ``ckpt_interval_s``, ``torch_threads`` (see
         :class:`~malleparsl.apps.context.TrainContext`).
     """
+    require("torch", feature="@malleable_app (training with torch.distributed)")
     opts: dict[str, Any] = {"min_nodes": min_nodes, "max_nodes": max_nodes, **options}
     for name, value in (
         ("total_samples", total_samples), ("curve", curve),

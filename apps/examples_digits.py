@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from malleparsl.extras import needs_extra
+
+with needs_extra("malleparsl.apps.examples_digits"):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
 
 
 def load_digits_tensors(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from malleparsl.extras import needs_extra
+
+with needs_extra("malleparsl.apps.examples_lm"):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
 
 
 def affine_sequences(

@@ -150,6 +150,10 @@ def bench_executor(
             raise SpecError(f"--{name} must be >= {lo}, got {v!r}")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise SpecError(f"--timeout-s must be a finite number of seconds > 0, got {timeout_s!r}")
+    if rescales or train:
+        from malleparsl.extras import require
+
+        require("torch", feature="the rescale and training figures (--rescales 0 --no-train skip them)")
     # Parsl logs at DEBUG to its run_dir; keep those records off the console, where printing
     # them would cost more CPU than the tasks being measured.
     logging.getLogger("parsl").propagate = False

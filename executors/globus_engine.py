@@ -26,16 +26,21 @@ import typing as t
 import uuid
 from concurrent.futures import Future
 
-from globus_compute_common import messagepack
-from globus_compute_common.messagepack.message_types import Result, Task, TaskTransition
-from globus_compute_common.tasks import ActorName, TaskState
-from globus_compute_endpoint.engines import GlobusComputeEngine
-from globus_compute_endpoint.engines.base import GCExecutorFuture
-from globus_compute_endpoint.exception_handling import get_error_string, get_result_error_details
-from globus_compute_sdk.serialize import ComputeSerializer
-
 from malleparsl.executors.executor import MalleableExecutor
 from malleparsl.executors.protocol import as_entry
+from malleparsl.extras import needs_extra
+
+with needs_extra("malleparsl.executors.globus_engine (MalleableEngine)"):
+    from globus_compute_common import messagepack
+    from globus_compute_common.messagepack.message_types import Result, Task, TaskTransition
+    from globus_compute_common.tasks import ActorName, TaskState
+    from globus_compute_endpoint.engines import GlobusComputeEngine
+    from globus_compute_endpoint.engines.base import GCExecutorFuture
+    from globus_compute_endpoint.exception_handling import (
+        get_error_string,
+        get_result_error_details,
+    )
+    from globus_compute_sdk.serialize import ComputeSerializer
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
+from malleparsl import __version__
 from malleparsl.errors import SpecError, TraceFormatError, UnknownNameError
+from malleparsl.extras import as_missing_extra
 
 app = typer.Typer(
     help="Train DNNs on a supercomputer's idle nodes from Parsl workflows.",
@@ -40,12 +43,37 @@ COMMANDS: list[tuple[str | None, str, str]] = [
 ]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"malleparsl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level.")) -> None:
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level."),
+    version: bool = typer.Option(  # noqa: ARG001 - handled by the eager callback
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version."
+    ),
+) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
     )
+    # Parsl starts its interchange and worker pools by command name: an un-activated venv's
+    # ``bin/malleparsl`` must still find them.
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _needs_extra_command(error: Exception):  # noqa: ANN202
+    """A stand-in for a command whose module needs a missing extra: it says which, in one line."""
+
+    def command(ctx: typer.Context) -> None:  # noqa: ARG001
+        raise error
+
+    return command
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -82,11 +110,31 @@ def _register() -> None:
         except ModuleNotFoundError as exc:
             if exc.name and mod_name.startswith(exc.name):
                 continue  # that part of malleparsl is not installed or not written yet
-            raise
+            missing = as_missing_extra(exc, f"malleparsl {' '.join(filter(None, (group, name)))}")
+            if missing is None:
+                raise
+            extra = {"ignore_unknown_options": True, "allow_extra_args": True}
+            groups[group].command(name, context_settings=extra, add_help_option=False,
+                                  help=str(missing))(_needs_extra_command(missing))
+            continue
         groups[group].command(name)(user_errors(getattr(mod, func_name)))
 
 
 _register()
 
+
+def main() -> None:
+    """The ``malleparsl`` entry point: a missing extra is one ``error:`` line, not a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        command = " ".join(a for a in sys.argv[1:3] if not a.startswith("-"))
+        missing = as_missing_extra(exc, f"malleparsl {command}".strip())
+        if missing is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

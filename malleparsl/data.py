@@ -1,8 +1,9 @@
 """Locating and loading the reference data: job sets with measured scaling curves.
 
-The data lives outside the package (``../shared/data`` beside the checkout, or wherever
-``MALLEPARSL_DATA`` points); every loader also takes any path a user gives it. Idle-node traces
-and facility job logs are loaded by :mod:`malleparsl.traces`.
+The data ships inside the package (``malleparsl/datasets``, sources in its README), so a plain
+``pip install`` finds it; ``MALLEPARSL_DATA`` names another folder of the same layout, and every
+loader also takes any path a user gives it. Nothing here looks at a checkout's surroundings.
+Idle-node traces and facility job logs are loaded by :mod:`malleparsl.traces`.
 """
 
 from __future__ import annotations
@@ -22,17 +23,27 @@ JOBSETS = {
 }
 
 
+PACKAGED = Path(__file__).resolve().with_name("datasets")
+"""The data installed with the package."""
+
+
 def data_dir() -> Path:
-    """The reference-data folder: ``$MALLEPARSL_DATA``, else ``../shared/data`` by the repo."""
+    """The data folder: ``$MALLEPARSL_DATA`` when set, else the copy shipped in the package."""
     env = os.environ.get("MALLEPARSL_DATA")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent.parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return here.parents[2] / "shared" / "data"
+    return Path(env) if env else PACKAGED
+
+
+def missing_data(kind: str, path: Path) -> FileNotFoundError:
+    """The error for a registered data file that is not where the data folder says."""
+    env = os.environ.get("MALLEPARSL_DATA")
+    where = (
+        f"MALLEPARSL_DATA={env!r} lacks it; point MALLEPARSL_DATA at a folder holding "
+        f"{path.relative_to(data_dir()) if path.is_relative_to(data_dir()) else path.name} "
+        "or unset it to use the data shipped with malleparsl"
+        if env
+        else "the data shipped with malleparsl is missing; reinstall malleparsl"
+    )
+    return FileNotFoundError(f"{kind} file {str(path)!r} not found: {where}")
 
 
 def resolve(name_or_path: str | os.PathLike[str], table: dict[str, str], kind: str) -> Path:
@@ -45,10 +56,9 @@ def resolve(name_or_path: str | os.PathLike[str], table: dict[str, str], kind: s
         if not p.exists() and not any(c in s for c in "/\\."):
             raise unknown_name(kind, s, table)
     if not p.exists():
-        raise FileNotFoundError(
-            f"{kind} file {str(p)!r} not found; put the reference data at ../shared/data beside "
-            "the checkout or set MALLEPARSL_DATA"
-        )
+        if s in table:
+            raise missing_data(kind, p)
+        raise FileNotFoundError(f"{kind} file {str(p)!r} not found")
     return p
 
 

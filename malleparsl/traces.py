@@ -3,7 +3,7 @@
 An :class:`IdleTrace` is a table of *fragments* ``(node, start_s, end_s)``: the node is idle in
 ``[start_s, end_s)``. Sources:
 
-- the Summit trace shipped with the reference data (``"summit"``) and any CSV of the same form
+- the Summit trace shipped with the package (``"summit"``) and any CSV of the same form
   (``node,start_s,end_s[,open_at_start,open_at_end][,known_end]``);
 - a job log in the Standard Workload Format (SWF), re-scheduled by our own first-come
   first-served + EASY-backfill scheduler (:mod:`malleparsl.sim.backfill`) on a machine of a
@@ -25,16 +25,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from malleparsl.data import data_dir
+from malleparsl.data import data_dir, missing_data
 from malleparsl.errors import SpecError, TraceFormatError, unknown_name
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
 
 TRACES = {"summit": "summit-idle-2021/idle_fragments.csv.gz"}
-"""Short names of the traces in the reference data."""
+"""Short names of the traces shipped with the package (:func:`malleparsl.data.data_dir`)."""
 
 _NODE_FILES = {"summit": "summit-idle-2021/nodes.csv"}
+
+JOB_LOGS = {"theta": "theta-2023-swf/theta_2023.swf"}
+"""Short names of the facility job logs shipped with the package (re-scheduled into fragments)."""
 
 
 @dataclass(frozen=True)
@@ -138,14 +141,13 @@ def _resolve_trace(name_or_path: str | os.PathLike[str]) -> tuple[Path, Path | N
     else:
         path = Path(s)
         if not path.exists() and not any(c in s for c in "/\\."):
-            raise unknown_name("trace", s, TRACES)
+            raise unknown_name("trace", s, {**TRACES, **JOB_LOGS})
         cand = path.with_name("nodes.csv")
         nodes = cand if cand.exists() else None
     if not path.exists():
-        raise FileNotFoundError(
-            f"trace file {str(path)!r} not found; put the reference data at ../shared/data "
-            "beside the checkout or set MALLEPARSL_DATA"
-        )
+        if s in TRACES:
+            raise missing_data("trace", path)
+        raise FileNotFoundError(f"trace file {str(path)!r} not found")
     return path, nodes
 
 
@@ -242,6 +244,9 @@ def load_trace(
 ) -> IdleTrace:
     """Load an idle-node trace by short name or path; a ``.swf`` file goes through the scheduler.
 
+    Short names: ``"summit"`` (idle fragments) and ``"theta"`` (a job log), both shipped with
+    the package.
+
     ``nodes`` is a node slice (``"0:128"``); ``start_s``/``end_s`` or ``start_s``/``hours`` set
     the time window (default: the whole trace). ``machine_nodes`` sizes the machine an SWF log is
     re-scheduled on (default: the log's ``MaxNodes`` header).
@@ -250,6 +255,11 @@ def load_trace(
     >>> round(t.mean_idle_nodes(), 1)  # doctest: +SKIP
     """
     s = str(name_or_path)
+    if s in JOB_LOGS:
+        log_path = data_dir() / JOB_LOGS[s]
+        if not log_path.exists():
+            raise missing_data("job log", log_path)
+        s = str(log_path)
     if s.lower().endswith((".swf", ".swf.gz")):
         from malleparsl.sim.backfill import swf_to_trace
 

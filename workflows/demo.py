@@ -25,6 +25,7 @@ from typing import Any
 import typer
 
 from malleparsl.errors import SpecError
+from malleparsl.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
 
     ``wall_s`` counts from ``t_start`` (default: now) to the report written.
     """
+    require("torch", "sklearn", feature="the demo")
     import parsl
 
     from malleparsl.site_configs.local import local_config
@@ -174,7 +176,10 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
     if node_source is None:
         node_source, trace_info = make_source(s)
     if console is not None:
-        console.print(f"[bold]idle nodes[/bold]: {trace_info}", highlight=False)
+        from .report_page import fmt
+
+        console.print("[bold]idle nodes[/bold]: " + "; ".join(
+            f"{k.replace('_', ' ')} {fmt(v)}" for k, v in trace_info.items()), highlight=False)
     policy, advisor = _policy(s)
     config = local_config(nodes=0, run_dir=str(out / "runinfo"), node_source=node_source,
                           ckpt_root=str(out / "ckpt"), policy=policy, advisor=advisor,
@@ -291,8 +296,10 @@ def demo(
         if h.level == logging.NOTSET:
             h.setLevel(root.level or logging.WARNING)
     summary = run_demo(s, console=console, t_start=t_start)
-    console.print(f"[bold]best accuracy[/bold] {summary['best_accuracy']}  "
-                  f"config {summary['best_config']}")
+    from .report_page import fmt
+
+    console.print(f"[bold]best accuracy[/bold] {fmt(summary['best_accuracy'])}  "
+                  f"config {fmt(summary['best_config'])}", highlight=False)
     console.print(f"trials {summary['trials']}  rescales {summary['rescales']}  node-s used "
                   f"{summary['node_seconds_used']} of {summary['node_seconds_idle']} idle  wall "
                   f"{summary['wall_s']} s  ({summary['mode']})")

@@ -1,5 +1,7 @@
 """The demo's report folder: ``report.html`` with PNG plots, ``summary.json``, the trials table.
 
+The page itself (what the run achieved, then plots, then details) is :mod:`.report_page`.
+
 Plots come from the :class:`~malleparsl.workflows.timeline.Recorder`'s samples and the trials
 table: nodes over time coloured by trial, each trial's size over time, aggregate throughput
 against a linear-scaling upper bound, and the trials' accuracies. The simulator's plots
@@ -9,7 +11,6 @@ these draw seconds and per-node detail instead, with the same Agg backend.
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .report_page import render_page
 from .results import TrialsTable
 from .runner import TrialEvent
 from .timeline import Sample
@@ -175,14 +177,6 @@ def plot_accuracies(table: TrialsTable, path: Path, *, target: float | None = 0.
     return path
 
 
-PLOTS = {
-    "nodes_timeline": "Nodes over time, coloured by trial",
-    "trial_sizes": "Each trial's size over time",
-    "throughput": "Throughput against the upper bound",
-    "accuracies": "The trials' accuracies",
-}
-
-
 def write_plots(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
                 events: Sequence[TrialEvent]) -> dict[str, Path]:
     """The four PNGs plus ``trials.csv`` and ``best.json``; a failing plot is logged, skipped."""
@@ -211,24 +205,7 @@ def write_summary(out: str | Path, *, table: TrialsTable, summary: Mapping[str, 
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"summary": folder / "summary.json", "html": folder / "report.html"}
     paths["summary"].write_text(json.dumps(dict(summary), indent=2, default=str))
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}"
-                   "</td></tr>" for k, v in summary.items())
-    imgs = "".join(f"<h2>{html.escape(cap)}</h2><img src='{name}.png' alt='{html.escape(cap)}'>"
-                   for name, cap in PLOTS.items() if (folder / f"{name}.png").exists())
-    frame = table.to_frame()
-    trials_html = frame.to_html(index=False, float_format=lambda v: f"{v:.4g}") if len(frame) else ""
-    paths["html"].write_text(f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} img{{max-width:100%}}
-table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}
-</style></head><body>
-<h1>{html.escape(title)}</h1>
-<table>{rows}</table>
-{imgs}
-<h2>Trials</h2>
-{trials_html}
-</body></html>
-""")
+    paths["html"].write_text(render_page(folder, summary=summary, table=table, title=title))
     return paths
 
 

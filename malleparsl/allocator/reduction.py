@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
 from malleparsl.allocator.countmodel import OptionTable
+from malleparsl.allocator.highs import highspy
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import highspy
 import pulp
 
+from malleparsl.allocator.highs import highspy
 from malleparsl.errors import SpecError, unknown_name
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Examples::
 
     malleparsl simulate --trace summit --jobs imagenet --nodes 0:128 --hours 24 \\
         --policy milp,equal-share,upper-bound --out runs/summit128
-    malleparsl simulate --trace ../shared/data/theta-2023-swf/theta_2023.swf --nodes 0:256 \\
+    malleparsl simulate --trace theta --nodes 0:256 \\
         --jobs poisson:200 --hours 48 --policy static,upper-bound --json
 
 The time window starts at the first job's submission unless ``--start-h`` says otherwise (the
@@ -128,7 +128,7 @@ def _warmup(full, trace: str, warmup_h: float | None) -> float:  # noqa: ANN001
 
 
 def simulate(
-    trace: str = typer.Option("summit", help="Trace: 'summit', a fragment CSV, or an SWF job log."),
+    trace: str = typer.Option("summit", help="Trace: 'summit', 'theta', a fragment CSV, or an SWF job log."),
     jobs: str = typer.Option(
         "imagenet", help="Job set: imagenet, shufflenet-10, shufflenet-1000, a CSV, or poisson:N."
     ),

@@ -1,23 +1,24 @@
 """BFTrainer-compatible accounting: the original replayer's step log, reproduced row by row."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
-from malleparsl.data import data_dir, load_jobset
+from malleparsl.data import load_jobset
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.sim.bftrainer import STEP_COLUMNS, node_events, simulate_bftrainer, steps_match
 from malleparsl.sim.engine import SimOptions, simulate
 from malleparsl.traces import load_trace, trace_from_fragments
 
-REF = data_dir() / "bftrainer-reference" / "shufflenet10_n64_equal_share_steps.csv"
+REF = Path("bftrainer-reference") / "shufflenet10_n64_equal_share_steps.csv"
 ORIGIN = pd.Timestamp("2021-02-10 00:08:52")  # the Summit trace's time origin
 
 
-def test_reproduces_the_original_replayer_step_log_row_by_row():
+def test_reproduces_the_original_replayer_step_log_row_by_row(reference_data):
     jobs = load_jobset("shufflenet-10")
     full = load_trace("summit", nodes="0:64")
     tr = full.window(jobs[0].submit_s, full.end_s)
@@ -28,7 +29,7 @@ def test_reproduces_the_original_replayer_step_log_row_by_row():
         options=SimOptions(semantics="bftrainer", max_active=10),
         history=full,
     )
-    ref = pd.read_csv(REF)
+    ref = pd.read_csv(reference_data / REF)
     assert list(ref.columns) == STEP_COLUMNS
     ref["evtTime"] = (pd.to_datetime(ref["evtTime"]) - ORIGIN).dt.total_seconds()
     assert len(res.steps) == len(ref) == 562
@@ -39,8 +40,8 @@ def test_reproduces_the_original_replayer_step_log_row_by_row():
     assert res.steps["evtTime"].iloc[-1] - tr.start_s == 150_190
 
 
-def test_step_log_check_reports_a_changed_cell():
-    ref = pd.read_csv(REF).head(3)
+def test_step_log_check_reports_a_changed_cell(reference_data):
+    ref = pd.read_csv(reference_data / REF).head(3)
     other = ref.copy()
     other.loc[1, "PreCost"] *= 1 + 1e-5
     assert steps_match(other, ref) == [

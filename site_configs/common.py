@@ -11,7 +11,6 @@ from typing import Any
 
 from parsl.config import Config
 
-from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
 from malleparsl.executors.executor import MalleableExecutor
 from malleparsl.model import NodeId
@@ -83,17 +82,15 @@ def facility_config(
 def jobs_demand(executor: Any) -> int | None:
     """Nodes the executor's unfinished malleable jobs could use (their ``max_nodes`` summed);
     None (= up to the cap) before the control loop exists."""
-    control = getattr(executor, "control", None)
-    if control is None:
+    if getattr(executor, "control", None) is None:
         return None
-    jobs = control.controller.jobs.values()
-    return sum(js.spec.max_nodes for js in jobs if js.status is not JobStatus.DONE)
+    jobs = executor.snapshot().jobs.values()
+    return sum(j.max_nodes for j in jobs if j.state != "done")
 
 
 def nodes_in_use(executor: Any) -> set[str]:
     """Nodes the controller has given to jobs (never returned while in use)."""
-    control = getattr(executor, "control", None)
-    return set(control.controller.allocation.used_nodes) if control is not None else set()
+    return set(executor.snapshot().used_nodes)
 
 
 

@@ -20,6 +20,7 @@ parsl = pytest.importorskip("parsl")
 pytest.importorskip("torch")
 
 from malleparsl.apps import malleable_app  # noqa: E402
+from malleparsl.executors.options import ControlOptions  # noqa: E402
 from malleparsl.scavenger.slurm_parse import expand_hostlist  # noqa: E402
 from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config  # noqa: E402
 
@@ -64,7 +65,8 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         partition="scavenger", node_cap=8, walltime="00:15:00", worker_init=worker_init,
         query_period_s=0.5, address="127.0.0.1", run=slurm.runner(),
         run_dir=str(tmp_path / "runinfo"), ckpt_root=str(tmp_path / "ckpt"),
-        heartbeat_period=1, heartbeat_threshold=5, poll_period_s=0.2,
+        heartbeat_period=1, heartbeat_threshold=5,
+        control=ControlOptions(poll_period_s=0.2, release_grace_s=1.0),
         warm_modules=("torch", "torch.distributed"),
         scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0,
                            "return_after_s": 2.0},
@@ -79,7 +81,6 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     dfk = parsl.load(cfg)
     try:
         ex = dfk.executors["malleable"]
-        ex.control.release_grace_s = 1.0
         fut = app(log_path=str(log_path), total_steps=TOTAL_STEPS, step_sleep_s=0.05)
         idle = set(slurm.node_names) - busy
 
@@ -112,6 +113,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         _wait(lambda: any(r[0] > t_back and r[2] == 5 for r in _log(log_path)), 120,
               "training on 5 nodes again")
         result = fut.result(timeout=240)
+        _wait(lambda: ex.snapshot().jobs["digits"].state == "done", 10, "the final snapshot")
         # no job wants nodes any more: the scavenger gives every pilot back to Slurm
         t_done = time.time()
         _wait(lambda: not slurm.run("squeue -h -p scavenger -o %i").stdout.split(), 60,
@@ -123,7 +125,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
 
     rows = _log(log_path)
     assert result["steps"] == TOTAL_STEPS and result["accuracy"] > 0.9
-    job = ex.control.jobs["digits"]
+    job = ex.snapshot().jobs["digits"]  # the last snapshot before shutdown
     assert job.resolutions == 1
     sizes = [len(n) for n in job.history]
     # nodes join one by one, so early segments may be smaller; then 5, 2 after the

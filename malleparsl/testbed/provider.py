@@ -27,18 +27,26 @@ class NetnsProvider(LocalProvider):
         super().__init__(**kwargs)
         self.testbed = testbed
         self.placed: dict[str, str] = {}  # node name -> host name
+        self._live: dict[Any, str] = {}  # job id -> host of a pilot not cancelled
 
     def host_for(self, node: str) -> str:
         names = {h.name for h in self.testbed.hosts}
         if node in names:
             return node
         if node not in self.placed:
-            load = Counter(self.placed.values())
+            load = Counter(self._live.values())
             self.placed[node] = min(sorted(names), key=lambda h: load[h])
         return self.placed[node]
 
     def submit_to_node(self, command: str, tasks_per_node: int, job_name: str, *,
                        node: str) -> Any:
         """Start ``command`` on the host of ``node``; returns the provider's job id."""
-        return self.submit(self.testbed.wrap(self.host_for(node), command), tasks_per_node,
-                           job_name)
+        host = self.host_for(node)
+        job_id = self.submit(self.testbed.wrap(host, command), tasks_per_node, job_name)
+        self._live[job_id] = host
+        return job_id
+
+    def cancel(self, job_ids: list[Any]) -> list[bool]:
+        for j in job_ids:
+            self._live.pop(j, None)
+        return super().cancel(job_ids)

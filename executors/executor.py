@@ -38,6 +38,7 @@ from parsl.serialize import pack_apply_message
 from parsl.serialize.errors import SerializationError
 
 from malleparsl.errors import SpecError
+from malleparsl.executors import parsl_compat as compat
 from malleparsl.executors.interchange import AFFINITY_KEY, CONTROL_KEY
 from malleparsl.executors.nodes import (
     NodeTable,
@@ -224,9 +225,9 @@ class MalleableExecutor(HighThroughputExecutor):
         for rec in live:
             self.node_table.gone(rec.name, "executor shut down")
         # Parsl's DFK may have scaled the blocks in already; cancel only what still runs.
+        polled = compat.block_status(self)
         self._cancel_blocks([
-            r.block_id for r in live
-            if not (r.block_id in self._status and self._status[r.block_id].terminal)
+            r.block_id for r in live if not (r.block_id in polled and polled[r.block_id].terminal)
         ])
         super().shutdown(timeout=timeout)
 
@@ -236,26 +237,26 @@ class MalleableExecutor(HighThroughputExecutor):
         self.node_table.check_new_name(name)
         if self.bad_state_is_set:
             raise self.executor_exception
-        block_id = str(self._block_id_counter.get_id())
+        block_id = compat.new_block_id(self)
         try:
             job_id = self._launch_node_block(block_id, name)
         except Exception as exc:
-            self._status[block_id] = self._simulated_status[block_id] = JobStatus(
+            compat.set_block_status(self, block_id, JobStatus(
                 JobState.FAILED, f"Failed to start block {block_id} for node {name}: {exc}"
-            )
+            ))
             raise
         self.node_table.add(name, block_id=block_id, job_id=job_id, end_s=end_s)
         self.blocks_to_job_id[block_id] = job_id
         self.job_ids_to_block[job_id] = block_id
-        self._status[block_id] = JobStatus(JobState.PENDING)
+        compat.set_block_status(self, block_id, JobStatus(JobState.PENDING), simulated=False)
         log.info("node %s: block %s submitted as job %s", name, block_id, job_id)
 
     def _launch_node_block(self, block_id: str, name: NodeId) -> Any:
         """Submit the pilot; a provider with ``submit_to_node`` is asked for that very host."""
         submit = getattr(self.provider, "submit_to_node", None)
         if submit is None:
-            return self._launch_block(block_id)
-        cmd = self._get_launch_command(block_id)
+            return compat.launch_block(self, block_id)
+        cmd = compat.launch_command(self, block_id)
         return submit(cmd, 1, f"parsl.{self.label}.block-{block_id}", node=name)
 
     def release_node(self, name: NodeId) -> None:
@@ -381,7 +382,7 @@ class MalleableExecutor(HighThroughputExecutor):
         except Exception:
             log.exception("provider failed to cancel jobs %s", jobs)
         for b in block_ids:
-            self._status[b] = self._simulated_status[b] = JobStatus(JobState.SCALED_IN)
+            compat.set_block_status(self, b, JobStatus(JobState.SCALED_IN))
 
     def _emit(self, events: Sequence[tuple[str, NodeId]]) -> None:
         for ev in events:
@@ -421,7 +422,7 @@ class MalleableExecutor(HighThroughputExecutor):
             return
         managers = self.connected_managers()
         self.poll_facade()  # rate-limited by the provider's status_polling_interval
-        terminal = [b for b, s in self._status.items() if s.terminal]
+        terminal = [b for b, s in compat.block_status(self).items() if s.terminal]
         to_probe, events = self.node_table.reconcile(managers, terminal)
         self._adopt_unnamed(managers)
         for rec in to_probe:

@@ -13,6 +13,7 @@ from parsl.config import Config
 
 from malleparsl.errors import SpecError
 from malleparsl.executors.executor import MalleableExecutor
+from malleparsl.executors.parsl_compat import launch_command
 from malleparsl.model import NodeId
 
 _WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
@@ -203,7 +204,7 @@ def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
         ex.logconf_path = None  # set by HTEX's start(); no logging config is shipped here
     ex.initialize_scaling()
     job_name = "parsl.malleable.block-0"
-    ex.provider.submit_to_node(ex._get_launch_command("0"), 1, job_name, node=node)
+    ex.provider.submit_to_node(launch_command(ex, "0"), 1, job_name, node=node)
     # providers append a timestamp to the job name; the script is the file without a suffix
     scripts = sorted(
         f for f in os.listdir(ex.provider.script_dir)

@@ -131,7 +131,7 @@ def measure_partition(bed: Any, *, repeats: int = 2, timeout_s: float = 180.0) -
     return out
 
 
-def measure_throughput(bed: Any, *, hosts: int, steps: int = 120, timeout_s: float = 240.0,
+def measure_throughput(bed: Any, *, hosts: int, steps: int = 3000, timeout_s: float = 240.0,
                        ranks_per_node: int = 1) -> float:
     """Samples per second of the digits MLP (global batch 256) on ``hosts`` emulated hosts."""
     from parsl.dataflow.dflow import DataFlowKernel
@@ -179,7 +179,9 @@ def run_bench(*, rescales: int = 6, partitions: int = 2) -> dict[str, Any]:
             nodes=3, rescales=rescales, names=hosts, run_dir=run_dir,
             **_netns_kwargs(bed),
         )
+        log.warning("rescale pauses across hosts (s): %s", [round(p, 3) for p in pauses])
         parts = measure_partition(bed, repeats=partitions)
+        log.warning("partition -> resumed (s): %s", [round(p, 3) for p in parts])
         tput = {str(n): round(measure_throughput(bed, hosts=n), 1) for n in (1, 3)}
     return {
         "bench": "multihost",

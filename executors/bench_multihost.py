@@ -168,7 +168,8 @@ def measure_throughput(bed: Any, *, hosts: int, steps: int = 3000, timeout_s: fl
     return rates[-1]
 
 
-def run_bench(*, rescales: int = 6, partitions: int = 2) -> dict[str, Any]:
+def run_bench(*, rescales: int = 6, partitions: int = 2,
+              timeout_s: float = 300.0) -> dict[str, Any]:
     """All figures on one 3-host test bed; see the module docstring."""
     from malleparsl.testbed import NetnsTestbed
 
@@ -176,13 +177,14 @@ def run_bench(*, rescales: int = 6, partitions: int = 2) -> dict[str, Any]:
         hosts = [h.name for h in bed.hosts]
         run_dir = tempfile.mkdtemp(prefix="malleparsl-bench-multihost-")
         pauses = measure_rescale_latency(
-            nodes=3, rescales=rescales, names=hosts, run_dir=run_dir,
+            nodes=3, rescales=rescales, names=hosts, run_dir=run_dir, timeout_s=timeout_s,
             **_netns_kwargs(bed),
         )
         log.warning("rescale pauses across hosts (s): %s", [round(p, 3) for p in pauses])
-        parts = measure_partition(bed, repeats=partitions)
+        parts = measure_partition(bed, repeats=partitions, timeout_s=timeout_s)
         log.warning("partition -> resumed (s): %s", [round(p, 3) for p in parts])
-        tput = {str(n): round(measure_throughput(bed, hosts=n), 1) for n in (1, 3)}
+        tput = {str(n): round(measure_throughput(bed, hosts=n, timeout_s=timeout_s), 1)
+                for n in (1, 3)}
     return {
         "bench": "multihost",
         "hosts": 3,

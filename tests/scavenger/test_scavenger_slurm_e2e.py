@@ -54,6 +54,12 @@ def _wait(cond, timeout_s, what):
 
 
 def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
+    run_preemption_e2e(slurm, tmp_path)
+
+
+def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=None):
+    """Scavenge 5 idle nodes, lose 3 to a high-priority job, regrow, finish. ``address`` and
+    ``socket_ifname`` let the multihost tests run it with every slurmd on its own host."""
     import sys
 
     facility = slurm.sbatch("-p main -N 3 -t 10 -J facility", "sleep 600")
@@ -63,10 +69,11 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
                    f"export PYTHONPATH={HERE}:$PYTHONPATH")
     cfg = slurm_scavenger_config(
         partition="scavenger", node_cap=8, walltime="00:15:00", worker_init=worker_init,
-        query_period_s=0.5, address="127.0.0.1", run=slurm.runner(),
+        query_period_s=0.5, address=address, run=slurm.runner(),
         run_dir=str(tmp_path / "runinfo"), ckpt_root=str(tmp_path / "ckpt"),
         heartbeat_period=1, heartbeat_threshold=5,
-        control=ControlOptions(poll_period_s=0.2, release_grace_s=1.0),
+        control=ControlOptions(poll_period_s=0.2, release_grace_s=1.0,
+                               socket_ifname=socket_ifname),
         warm_modules=("torch", "torch.distributed"),
         scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0,
                            "return_after_s": 2.0},

@@ -148,6 +148,7 @@ class ControlLoop:
         self.controller.add_nodes(ready, now_s=now)
         for n in ready:
             self._warm(n)
+        self._publish()  # readers see the store before the first pass
         self._thread = threading.Thread(target=self._run, name="malleparsl-control", daemon=True)
         self._thread.start()
         log.info("control loop started: store %s:%d, %d node(s) ready",

@@ -57,7 +57,8 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     run_preemption_e2e(slurm, tmp_path)
 
 
-def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=None):
+def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=None,
+                       finish_timeout_s=240):
     """Scavenge 5 idle nodes, lose 3 to a high-priority job, regrow, finish. ``address`` and
     ``socket_ifname`` let the multihost tests run it with every slurmd on its own host."""
     import sys
@@ -119,7 +120,7 @@ def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=No
         t_back = time.time()
         _wait(lambda: any(r[0] > t_back and r[2] == 5 for r in _log(log_path)), 120,
               "training on 5 nodes again")
-        result = fut.result(timeout=240)
+        result = fut.result(timeout=finish_timeout_s)
         _wait(lambda: ex.snapshot().jobs["digits"].state == "done", 10, "the final snapshot")
         # no job wants nodes any more: the scavenger gives every pilot back to Slurm
         t_done = time.time()

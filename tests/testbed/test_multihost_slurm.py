@@ -14,7 +14,7 @@ from malleparsl.scavenger.localslurm import LocalSlurm, slurm_installed
 from malleparsl.testbed import NetnsTestbed
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.timeout(480)]
+              pytest.mark.timeout(1200)]
 
 SCAVENGER_TESTS = Path(__file__).resolve().parents[1] / "scavenger"
 
@@ -57,7 +57,9 @@ def test_preemption_end_to_end_across_hosts(slurm_on_hosts, tmp_path):
     try:
         from test_scavenger_slurm_e2e import run_preemption_e2e
 
+        # 8 slurmds, 5 pilots and their ranks: on a loaded 2-core machine steps slow down,
+        # so the job gets longer to finish than on loopback
         run_preemption_e2e(slurm, tmp_path, address=bed.bridge_address,
-                           socket_ifname=bed.ifname)
+                           socket_ifname=bed.ifname, finish_timeout_s=900)
     finally:
         sys.path.remove(str(SCAVENGER_TESTS))

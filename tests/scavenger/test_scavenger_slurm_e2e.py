@@ -63,7 +63,8 @@ def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=No
     ``socket_ifname`` let the multihost tests run it with every slurmd on its own host."""
     import sys
 
-    facility = slurm.sbatch("-p main -N 3 -t 10 -J facility", "sleep 600")
+    # outlives the test even on a loaded machine (the fixture cancels it)
+    facility = slurm.sbatch("-p main -N 3 -t 60 -J facility", "sleep 3600")
     _wait(lambda: slurm.job_state(facility) == "RUNNING", 20, "the facility job")
     busy = set(expand_hostlist(slurm.run(f"squeue -h -j {facility} -o %N").stdout))
     worker_init = (f"export PATH={Path(sys.executable).parent}:$PATH; "

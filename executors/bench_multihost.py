@@ -220,6 +220,7 @@ def bench_multihost(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON line."),
     rescales: int = typer.Option(6, help="Alternating shrinks and grows to time (>= 2)."),
     partitions: int = typer.Option(2, help="Link cuts to time (>= 1)."),
+    timeout_s: float = typer.Option(300.0, help="Give up on any one wait after this long."),
 ) -> None:
     """Rescale latency, partition recovery and throughput across 3 emulated hosts (root)."""
     from malleparsl.errors import SpecError
@@ -227,7 +228,7 @@ def bench_multihost(
     if rescales < 2 or partitions < 1:
         raise SpecError(f"need --rescales >= 2 and --partitions >= 1, got {rescales}, {partitions}")
     logging.getLogger("parsl").propagate = False
-    out = run_bench(rescales=rescales, partitions=partitions)
+    out = run_bench(rescales=rescales, partitions=partitions, timeout_s=timeout_s)
     if json_out:
         typer.echo(json.dumps(out))
         return

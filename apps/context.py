@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -41,7 +42,13 @@ from malleparsl.apps.checkpoint import CheckpointStore, layout_difference, state
 from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
-from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
+from malleparsl.executors.protocol import (
+    DEFAULT_KEY_PREFIX,
+    RankInfo,
+    apply_rank_env,
+    progress_key,
+    stop_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +97,17 @@ class TrainContext:
         ckpt_dir: str | None = None,
         options: dict[str, Any] | None = None,
         store: Any = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        backend: str | None = None,
     ) -> None:
         import torch
 
         self.rank, self.world_size = rank, world_size
         self.job_id, self.segment, self.node = job_id, segment, node
+        self.key_prefix = key_prefix
+        self.local_rank, self.local_world_size = local_rank, local_world_size
         self.options = dict(options or {})
         self.store = store  # the driver's TCPStore (client); None when local
         self.ckpt = CheckpointStore(
@@ -102,8 +115,14 @@ class TrainContext:
         ) if ckpt_dir else None
         want = self.options.get("device", "auto")
         cuda = torch.cuda.is_available() and want in ("auto", "cuda")
-        self.device = torch.device(f"cuda:{int(self.options.get('local_rank', 0))}" if cuda else "cpu")
-        self.backend = "nccl" if cuda else "gloo"
+        # the launch bound this rank to one device (CUDA_/ROCR_VISIBLE_DEVICES,
+        # ZE_AFFINITY_MASK): it is device 0 of what this process sees; unbound ranks of one
+        # node share the node's devices and pick theirs by local rank
+        bound = any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
+        index = 0 if bound else int(self.options.get("local_rank", local_rank))
+        self.device = torch.device(f"cuda:{index}" if cuda else "cpu")
+        # the backend fits the device: gloo on CPU, the site's choice (nccl, xccl) otherwise
+        self.backend = "gloo" if not cuda else (backend if backend not in (None, "gloo") else "nccl")
         self._threads_before = torch.get_num_threads()
         if self.options.get("torch_threads"):
             torch.set_num_threads(int(self.options["torch_threads"]))
@@ -137,11 +156,14 @@ class TrainContext:
         from torch.distributed import PrefixStore, TCPStore
 
         timeout = timedelta(seconds=float(info.options.get("pg_timeout_s", 120)))
+        apply_rank_env(info)
         store = TCPStore(info.store_host, info.store_port, is_master=False, timeout=timeout)
         ctx = cls(
             rank=info.rank, world_size=info.world_size, job_id=info.job_id,
             segment=info.segment, node=info.node, ckpt_dir=info.ckpt_dir or None,
-            options=info.options, store=store,
+            options=info.options, store=store, key_prefix=info.key_prefix,
+            local_rank=info.local_rank, local_world_size=info.local_world_size,
+            backend=info.backend,
         )
         if dist.is_initialized():  # a previous task in this warm worker died uncleanly
             log.warning("destroying a leftover process group before joining %s", info.store_prefix)
@@ -330,7 +352,7 @@ class TrainContext:
             now = time.monotonic()
             if now - self._last_stop_check >= float(self.options.get("stop_check_interval_s", 0)):
                 self._last_stop_check = now
-                key = stop_key(self.job_id)
+                key = stop_key(self.job_id, self.key_prefix)
                 if self.store.check([key]) and self.store.get(key).decode() == str(self.segment):
                     flag = 1.0
         if self.world_size == 1:
@@ -364,7 +386,7 @@ class TrainContext:
             "first_step_time": self.first_step_time, "ckpt_load_s": self.ckpt_load_s,
             "metrics": {k: v for k, v in self.metrics.items() if isinstance(v, (int, float, str))},
         }
-        self.store.set(progress_key(self.job_id, self.segment), json.dumps(doc))
+        self.store.set(progress_key(self.job_id, self.segment, self.key_prefix), json.dumps(doc))
 
     def _after_step(self, global_batch: int) -> None:
         now = time.monotonic()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MalleableExecutor"]
+__all__ = ["ControlOptions", "MalleableExecutor"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from malleparsl.executors.executor import MalleableExecutor
 
         return MalleableExecutor
+    if name == "ControlOptions":
+        from malleparsl.executors.options import ControlOptions
+
+        return ControlOptions
     raise AttributeError(f"module 'malleparsl.executors' has no attribute {name!r}")

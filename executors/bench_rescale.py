@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
@@ -110,6 +110,8 @@ def measure_rescale_latency(
     entry_kwargs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
     warm_modules: tuple[str, ...] = ("torch.distributed",),
+    names: Sequence[str] | None = None,
+    **config: Any,
 ) -> list[float]:
     """Run ``rescales`` alternating shrinks and grows; return each pause in seconds.
 
@@ -121,6 +123,10 @@ def measure_rescale_latency(
     modules its code imports as ``warm_modules`` (new nodes import them before joining).
     Only rescales decided while the job was past its start-up count (``RescaleRecord.steady``):
     a stop cannot take effect before the first step boundary.
+
+    ``names`` are the first nodes (default ``node-00``, ...); ``config`` goes to
+    :func:`local_malleable_config` (e.g. a ``provider`` that puts nodes on emulated hosts, the
+    ``address`` they reach, ``control`` options).
     """
     from parsl.dataflow.dflow import DataFlowKernel
 
@@ -133,9 +139,9 @@ def measure_rescale_latency(
         entry = synthetic_entry
         entry_kwargs = {"steps": 10**9, "step_s": step_s, "ckpt_every": 0,
                         "progress_every_s": 0.05, **(entry_kwargs or {})}
-    src = ManualNodeSource(nodes=[f"node-{i:02d}" for i in range(nodes)])
+    src = ManualNodeSource(nodes=list(names or [f"node-{i:02d}" for i in range(nodes)]))
     dfk = DataFlowKernel(local_malleable_config(node_source=src, run_dir=run_dir,
-                                                warm_modules=tuple(warm_modules)))
+                                                warm_modules=tuple(warm_modules), **config))
     ex = dfk.executors["malleable"]
     try:
         ex.wait_for_nodes(nodes, timeout_s)
@@ -143,25 +149,28 @@ def measure_rescale_latency(
                 "job_id": "bench-rescale", "min_nodes": 1, "max_nodes": nodes}
         fut = ex.submit(entry, {"malleable": opts}, **(entry_kwargs or {}))
         job = _job(ex, "bench-rescale", timeout_s)
-        _wait(lambda: len(job.nodes) == nodes and job.state.value == "running", timeout_s,
+        _wait(lambda: len(job().nodes) == nodes and job().state == "running", timeout_s,
               f"the job to run on {nodes} nodes")
         fresh = 0
+
+        def measured() -> int:
+            return len([r for r in job().rescales if r.pause_s is not None and r.steady])
+
         for i in range(rescales):
-            done = len([r for r in job.rescales if r.pause_s is not None and r.steady])
-            _wait(lambda: fut.done() or _stepping(job), timeout_s, "the job to take steps")
+            done = measured()
+            _wait(lambda: fut.done() or _stepping(job()), timeout_s, "the job to take steps")
             if i % 2 == 0:
-                victim = sorted(job.nodes)[-1]
+                victim = sorted(job().nodes)[-1]
                 src.take(victim)
             else:
                 fresh += 1
                 src.idle(f"node-x{fresh:02d}")
-            _wait(lambda d=done: fut.done() or len(
-                [r for r in job.rescales if r.pause_s is not None and r.steady]) > d,
-                timeout_s, f"rescale {i + 1} to take its first step")
+            _wait(lambda d=done: fut.done() or measured() > d,
+                  timeout_s, f"rescale {i + 1} to take its first step")
             if fut.done():
                 fut.result()  # surfaces a failure of the job
                 raise RuntimeError("the benchmark job ended before its last rescale")
-        pauses = [r.pause_s for r in job.rescales
+        pauses = [r.pause_s for r in job().rescales
                   if r.pause_s is not None and r.steady and r.kind in ("up", "down")]
         log.info("rescale pauses (s): %s; median %.3f", [round(p, 3) for p in pauses],
                  statistics.median(pauses))
@@ -170,12 +179,12 @@ def measure_rescale_latency(
         dfk.cleanup()
 
 
-def _job(ex: Any, job_id: str, timeout_s: float) -> Any:
-    _wait(lambda: job_id in ex.control.jobs, timeout_s, f"job {job_id} to be admitted")
-    return ex.control.jobs[job_id]
+def _job(ex: Any, job_id: str, timeout_s: float) -> Callable[[], Any]:
+    """Wait for the job's admission; returns a function giving its latest ``JobView``."""
+    _wait(lambda: job_id in ex.snapshot().jobs, timeout_s, f"job {job_id} to be admitted")
+    return lambda: ex.snapshot().jobs[job_id]
 
 
 def _stepping(job: Any) -> bool:
     """The job runs a segment that has reported progress (it is past its first steps)."""
-    seg = job.segment
-    return seg is not None and job.state.value == "running" and seg.last_progress_time is not None
+    return job.state == "running" and job.stepping

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,10 @@ from malleparsl.allocator.base import AllocationPolicy
 from malleparsl.controller import Controller, CurveAdvisor
 from malleparsl.errors import SpecError
 from malleparsl.executors.driver import DriverEvent, JobAbortedError, MalleableJob
+from malleparsl.executors.options import ControlOptions
 from malleparsl.executors.planning import build_policy, spec_from_options
+from malleparsl.executors.protocol import new_key_prefix
+from malleparsl.executors.snapshot import ControlSnapshot, take_snapshot
 from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
@@ -60,9 +64,10 @@ class ControlLoop:
         A node that becomes ready while jobs run first rehearses their entries (or, without
         ``warm_rehearse``, imports them) and joins the plan after, so a grow does not pause
         the job for a cold start; see :mod:`malleparsl.executors.warmup`.
-    observe_replan_s : float
-        New rate measurements trigger a replan at most this often (node and job events
-        replan at once), so a learning advisor can act on what it learned.
+    options : ControlOptions
+        Every other setting (store address and interface, ranks per node, grace periods,
+        restart limit, warm-up, policy options): see
+        :class:`~malleparsl.executors.options.ControlOptions`. Read once, never changed.
     """
 
     def __init__(
@@ -70,47 +75,41 @@ class ControlLoop:
         *,
         executor: Any,
         policy: str | AllocationPolicy = "milp",
-        policy_options: Mapping[str, Any] | None = None,
         advisor: CurveAdvisor | None = None,
         node_source: NodeSource | None = None,
-        max_active: int | None = 10,
-        poll_period_s: float = 0.5,
         ckpt_root: str | None = None,
-        store_host: str | None = None,
-        warm_nodes: bool = True,
-        warm_timeout_s: float = 120.0,
-        warm_rehearse: bool = True,
-        release_grace_s: float = 10.0,
-        fail_grace_s: float = 30.0,
-        max_restarts: int = 10,
-        tfwd_s: float = 10.0,
-        observe_replan_s: float = 5.0,
+        options: ControlOptions | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if poll_period_s <= 0:
-            raise SpecError(f"poll_period_s must be > 0, got {poll_period_s!r}")
+        opts = options if options is not None else ControlOptions()
+        if not isinstance(opts, ControlOptions):
+            raise SpecError(f"options must be a ControlOptions, got {type(opts).__name__}")
+        self.options = opts
         self.executor = executor
-        pol, advisor = build_policy(policy, dict(policy_options or {}), advisor)
+        pol, advisor = build_policy(policy, dict(opts.policy_options), advisor)
         self.controller = Controller(
             policy=pol,
             advisor=advisor,
-            max_active=max_active,
-            tfwd_s=tfwd_s,
+            max_active=opts.max_active,
+            tfwd_s=opts.tfwd_s,
         )
         self.node_source = node_source
-        self.poll_period_s = poll_period_s
+        self.poll_period_s = opts.poll_period_s
         run_dir = getattr(executor, "run_dir", None) or "."
         self.ckpt_root = ckpt_root or os.path.join(run_dir, "malleable_ckpt")
-        self.store_host = store_host or "127.0.0.1"
-        self.warm_nodes = warm_nodes
-        self.warm_timeout_s = warm_timeout_s
-        self.warm_rehearse = warm_rehearse
+        self.store_host = opts.store_address or default_store_address(executor)
+        self.key_prefix = new_key_prefix()
+        self.warm_nodes = opts.warm_nodes
+        self.warm_timeout_s = opts.warm_timeout_s
+        self.warm_rehearse = opts.warm_rehearse
         self._warmer: NodeWarmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put)
-        self.release_grace_s = release_grace_s
-        self.fail_grace_s = fail_grace_s
-        self.max_restarts = max_restarts
-        self.observe_replan_s = observe_replan_s
+        self.release_grace_s = opts.release_grace_s
+        self.fail_grace_s = opts.fail_grace_s
+        self.max_restarts = opts.max_restarts
+        self.observe_replan_s = opts.observe_replan_s
         self.clock = clock
+        self._snapshot_lock = threading.Lock()
+        self._snapshot: ControlSnapshot = ControlSnapshot()
         self._observed = False
         self._last_replan = 0.0
         self.jobs: dict[str, MalleableJob] = {}
@@ -129,15 +128,20 @@ class ControlLoop:
 
         import torch.distributed as dist
 
+        # listen on the one address ranks dial, not on every interface: TCPStore alone binds
+        # to all of them, so hand it a socket bound here
+        self._listener = socket.create_server((self.store_host, 0), backlog=512)
         self._store = dist.TCPStore(
-            self.store_host, 0, None, True,
+            self.store_host, self._listener.getsockname()[1], None, True,
             timeout=datetime.timedelta(seconds=30), wait_for_workers=False,
+            master_listen_fd=self._listener.fileno(),
         )
         self.store_port = self._store.port
         self._warmer = NodeWarmer(
             submit=self.executor.submit_to_node, post=self._queue_put, store=self._store,
             store_host=self.store_host, store_port=self.store_port,
             rehearse=self.warm_rehearse, timeout_s=self.warm_timeout_s,
+            key_prefix=self.key_prefix, env=self.options.rank_env(0),
         )
         self.executor.add_node_listener(self._on_node_event)
         now = self.clock()
@@ -145,6 +149,7 @@ class ControlLoop:
         self.controller.add_nodes(ready, now_s=now)
         for n in ready:
             self._warm(n)
+        self._publish()  # readers see the store before the first pass
         self._thread = threading.Thread(target=self._run, name="malleparsl-control", daemon=True)
         self._thread.start()
         log.info("control loop started: store %s:%d, %d node(s) ready",
@@ -186,7 +191,9 @@ class ControlLoop:
             executor=self.executor, store=self._store, store_host=self.store_host,
             store_port=self.store_port, ckpt_dir=ckpt_dir, post=self._queue.put,
             clock=self.clock, max_restarts=int(opts.get("max_restarts", self.max_restarts)),
-            fail_grace_s=self.fail_grace_s,
+            fail_grace_s=self.fail_grace_s, key_prefix=self.key_prefix,
+            ranks_per_node=self.options.ranks_per_node, rank_env=self.options.rank_env,
+            backend=self.options.resolved_backend(),
         )
         self._queue.put(("submit", job))
         return job.future
@@ -231,6 +238,7 @@ class ControlLoop:
                         time.monotonic() - self._last_replan >= self.observe_replan_s)
                 if dirty and not self._stop.is_set():
                     self._replan()
+                self._publish()
         except BaseException as exc:  # never die silently: the futures would hang
             log.exception("control loop died")
             self._abort_all(f"the control loop died: {exc!r}")
@@ -422,7 +430,25 @@ class ControlLoop:
                 ev[1].abort(JobAbortedError(f"job {ev[1].job_id!r}: {why}"))
 
     # ---- introspection --------------------------------------------------------------------
+    def _publish(self) -> None:
+        snap = take_snapshot(self)
+        with self._snapshot_lock:
+            self._snapshot = snap
+
+    def snapshot(self) -> ControlSnapshot:
+        """The loop's state as of its last pass: immutable, safe to read from any thread."""
+        with self._snapshot_lock:
+            return self._snapshot
+
     def rescale_pauses(self) -> list[float]:
         """Every measured rescale pause (decision -> first step at the new size), in seconds."""
         return [r.pause_s for j in self.jobs.values() for r in j.rescales
                 if r.pause_s is not None and r.kind in ("up", "down", "same")]
+
+
+def default_store_address(executor: Any) -> str:
+    """The executor's own address when it names one host (the nodes reach it), else loopback."""
+    addr = getattr(executor, "address", None)
+    if isinstance(addr, str) and addr and "," not in addr:
+        return addr
+    return "127.0.0.1"

@@ -27,7 +27,13 @@ from enum import Enum
 from typing import Any
 
 from malleparsl.errors import MalleparslError
-from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
+from malleparsl.executors.protocol import (
+    DEFAULT_KEY_PREFIX,
+    RankInfo,
+    SegmentOutcome,
+    progress_key,
+    stop_key,
+)
 from malleparsl.model import JobSpec, NodeId
 
 log = logging.getLogger(__name__)
@@ -92,12 +98,21 @@ class _Segment:
     errors: dict[int, BaseException] = field(default_factory=dict)
     error_order: list[int] = field(default_factory=list)
     lost: set[NodeId] = field(default_factory=set)  # nodes reported gone during this segment
+    ranks_per_node: int = 1
     fail_deadline_s: float | None = None
     last_progress_time: float | None = None
 
     @property
     def resolved(self) -> int:
         return len(self.outcomes) + len(self.errors)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.ranks_per_node
+
+    def node_of(self, rank: int) -> NodeId:
+        """Ranks are numbered node by node: a lost node takes ranks ``i*r .. i*r + r - 1``."""
+        return self.nodes[rank // self.ranks_per_node]
 
 
 def is_node_loss(exc: BaseException) -> bool:
@@ -136,6 +151,12 @@ class MalleableJob:
         A client of the control loop's ``TCPStore`` at ``store_host:store_port``.
     post : callable
         Hands an event tuple to the control loop's queue (called on Parsl's threads).
+    key_prefix : str
+        The executor's secret store namespace (:func:`~malleparsl.executors.protocol.new_key_prefix`).
+    ranks_per_node, rank_env, backend
+        Rank tasks per node, the environment of local rank ``i`` (``rank_env(i)``: socket
+        interface, device binding) and the collective backend, from the executor's
+        :class:`~malleparsl.executors.options.ControlOptions`.
     """
 
     def __init__(
@@ -155,6 +176,10 @@ class MalleableJob:
         clock: Callable[[], float] = time.time,
         max_restarts: int = 10,
         fail_grace_s: float = 30.0,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        ranks_per_node: int = 1,
+        rank_env: Callable[[int], dict[str, str]] | None = None,
+        backend: str = "gloo",
     ) -> None:
         self.spec = spec
         self.job_id = spec.job_id
@@ -171,6 +196,10 @@ class MalleableJob:
         self.clock = clock
         self.max_restarts = max_restarts
         self.fail_grace_s = fail_grace_s
+        self.key_prefix = key_prefix
+        self.ranks_per_node = ranks_per_node
+        self.rank_env = rank_env or (lambda local_rank: {})
+        self.backend = backend
         self.future: Future = Future()
         self.state = JobState.WAITING
         self.segment: _Segment | None = None
@@ -181,6 +210,7 @@ class MalleableJob:
         self.history: list[tuple[NodeId, ...]] = []  # the nodes of every segment launched
         self._pending: RescaleRecord | None = None
         self._last_save_s = 0.0
+        self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
         os.makedirs(ckpt_dir, exist_ok=True)
 
@@ -208,13 +238,14 @@ class MalleableJob:
         seg = self.segment
         assert seg is not None  # noqa: S101 - internal invariant
         self.state = JobState.STOPPING
-        self.store.set(stop_key(self.job_id), str(seg.index))
+        self.store.set(stop_key(self.job_id, self.key_prefix), str(seg.index))
         log.info("job %s: stop requested for segment %d", self.job_id, seg.index)
 
     def _launch(self, nodes: tuple[NodeId, ...]) -> None:
         index = self.next_index
         self.next_index += 1
-        seg = _Segment(index=index, nodes=nodes, started_s=self.clock())
+        seg = _Segment(index=index, nodes=nodes, started_s=self.clock(),
+                       ranks_per_node=self.ranks_per_node)
         self.segment, self.state = seg, JobState.RUNNING
         self.history.append(nodes)
         rec = self._pending
@@ -229,18 +260,24 @@ class MalleableJob:
             self.rescales.append(rec)
             self._pending = None
         log.info("job %s: segment %d on %s", self.job_id, index, ",".join(nodes))
-        for rank, node in enumerate(nodes):
+        for rank in range(seg.world_size):
+            node, local = seg.node_of(rank), rank % self.ranks_per_node
             info = RankInfo(
                 job_id=self.job_id,
                 segment=index,
                 rank=rank,
-                world_size=len(nodes),
+                world_size=seg.world_size,
                 node=node,
                 nodes=nodes,
                 store_host=self.store_host,
                 store_port=self.store_port,
                 ckpt_dir=self.ckpt_dir,
                 options=self.options,
+                key_prefix=self.key_prefix,
+                local_rank=local,
+                local_world_size=self.ranks_per_node,
+                env=self.rank_env(local),
+                backend=self.backend,
             )
             try:
                 fut = self.executor.submit_to_node(node, self.entry, info, *self.args, **self.kwargs)
@@ -287,7 +324,7 @@ class MalleableJob:
             seg.errors[rank] = exc
             seg.error_order.append(rank)
             self._start_failing(seg)
-        if seg.resolved == len(seg.nodes):
+        if seg.resolved == seg.world_size:
             return self._conclude(seg)
         return None
 
@@ -301,14 +338,14 @@ class MalleableJob:
             and self.clock() > seg.fail_deadline_s
         ):
             log.warning("job %s: %d rank(s) of segment %d still silent after %.0f s; concluding",
-                        self.job_id, len(seg.nodes) - seg.resolved, seg.index, self.fail_grace_s)
+                        self.job_id, seg.world_size - seg.resolved, seg.index, self.fail_grace_s)
             return self._conclude(seg)
         return None
 
     def _conclude(self, seg: _Segment) -> DriverEvent:
         self.segment = None
         lost_ranks = [r for r in seg.error_order if is_node_loss(seg.errors[r])]
-        lost = {seg.nodes[r] for r in lost_ranks} | seg.lost
+        lost = {seg.node_of(r) for r in lost_ranks} | seg.lost
         self._last_save_s = max(
             (float(getattr(o, "ckpt_save_s", 0.0) or 0.0) for o in seg.outcomes.values()),
             default=0.0,
@@ -372,7 +409,7 @@ class MalleableJob:
         seg = self.segment
         if seg is None or self.state is not JobState.RUNNING:
             return None
-        key = progress_key(self.job_id, seg.index)
+        key = progress_key(self.job_id, seg.index, self.key_prefix)
         if not self.store.check([key]):
             return None
         try:
@@ -381,6 +418,7 @@ class MalleableJob:
             log.debug("job %s: unreadable progress record: %r", self.job_id, exc)
             return None
         t, rate = rec.get("time"), rec.get("samples_per_s")
+        self.last_progress = {**rec, "segment": seg.index}
         if rate is None or t == seg.last_progress_time:
             return None
         seg.last_progress_time = t
@@ -405,7 +443,7 @@ class MalleableJob:
         seg = self.segment
         if seg is not None:
             try:
-                self.store.set(stop_key(self.job_id), str(seg.index))
+                self.store.set(stop_key(self.job_id, self.key_prefix), str(seg.index))
             except Exception as err:  # the store may already be gone at shutdown
                 log.debug("job %s: could not set the stop key: %r", self.job_id, err)
         self._resolve(exc=exc)

@@ -18,6 +18,7 @@ Every other task is an ordinary HTEX task, so existing Parsl apps run unchanged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -37,6 +38,7 @@ from parsl.serialize import pack_apply_message
 from parsl.serialize.errors import SerializationError
 
 from malleparsl.errors import SpecError
+from malleparsl.executors import parsl_compat as compat
 from malleparsl.executors.interchange import AFFINITY_KEY, CONTROL_KEY
 from malleparsl.executors.nodes import (
     NodeTable,
@@ -44,7 +46,9 @@ from malleparsl.executors.nodes import (
     probe_node,
     tolerant_error_handler,
 )
+from malleparsl.executors.options import ControlOptions
 from malleparsl.executors.protocol import as_entry
+from malleparsl.executors.snapshot import ControlSnapshot
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,13 @@ class MalleableExecutor(HighThroughputExecutor):
         gives a plain node-aware HTEX: ordinary apps and ``submit_to_node`` only.
     probe_timeout_s : a node whose probe (including ``warm_modules``) has not answered this
         long after its manager registered is released rather than waited on forever.
+    control : ControlOptions, optional
+        Every setting of the control loop (store address and interface, ranks per node and
+        device binding, grace periods, restart limit, warm-up, policy options); see
+        :class:`~malleparsl.executors.options.ControlOptions`. ``max_active`` and
+        ``poll_period_s`` given here override its fields of the same name.
+    address : as for HTEX: the address nodes reach the interchange at. The rendezvous store
+        listens on it too (only there), unless ``control.store_address`` names another.
     **htex_kwargs : any other ``HighThroughputExecutor`` argument. Heartbeats default to a 2 s
         period and a 10 s threshold (HTEX: 30 s / 120 s): a lost node should be noticed quickly.
 
@@ -90,14 +101,25 @@ class MalleableExecutor(HighThroughputExecutor):
         policy: str = "milp",
         advisor: Any = None,
         node_source: Any = None,
-        max_active: int = 10,
-        poll_period_s: float = 0.5,
+        max_active: int | None = None,
+        poll_period_s: float | None = None,
         ckpt_root: str | None = None,
         warm_modules: Sequence[str] = (),
         malleable: bool = True,
         probe_timeout_s: float = 300.0,
+        control: ControlOptions | None = None,
         **htex_kwargs: Any,
     ) -> None:
+        control = control if control is not None else ControlOptions()
+        if not isinstance(control, ControlOptions):
+            raise SpecError(
+                f"control must be a malleparsl.executors.ControlOptions, got {type(control).__name__}"
+            )
+        if max_active is not None:
+            control = dataclasses.replace(control, max_active=max_active)
+        if poll_period_s is not None:
+            control = dataclasses.replace(control, poll_period_s=poll_period_s)
+        poll_period_s = control.poll_period_s
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
             raise SpecError(f"nodes must be an integer >= 0, got {nodes!r}")
         if not poll_period_s > 0:
@@ -108,6 +130,12 @@ class MalleableExecutor(HighThroughputExecutor):
             raise SpecError(
                 f"MalleableExecutor needs one node per block, got nodes_per_block="
                 f"{provider.nodes_per_block}; set nodes_per_block=1 so nodes come and go alone"
+            )
+        workers = htex_kwargs.get("max_workers_per_node")
+        if workers is not None and workers < control.ranks_per_node:
+            raise SpecError(
+                f"ranks_per_node={control.ranks_per_node} needs max_workers_per_node >= "
+                f"{control.ranks_per_node}, got {workers}: each rank runs on its own worker"
             )
         htex_kwargs.setdefault("heartbeat_period", 2)
         htex_kwargs.setdefault("heartbeat_threshold", 10)
@@ -120,7 +148,8 @@ class MalleableExecutor(HighThroughputExecutor):
         self.policy = policy
         self.advisor = advisor
         self.node_source = node_source
-        self.max_active = max_active
+        self.control_options = control
+        self.max_active = control.max_active
         self.poll_period_s = poll_period_s
         self.ckpt_root = ckpt_root
         self.warm_modules = tuple(warm_modules)
@@ -173,10 +202,15 @@ class MalleableExecutor(HighThroughputExecutor):
             policy=self.policy,
             advisor=self.advisor,
             node_source=self.node_source,
-            max_active=self.max_active,
-            poll_period_s=self.poll_period_s,
             ckpt_root=self.ckpt_root,
+            options=self.control_options,
         )
+
+    def snapshot(self) -> ControlSnapshot:
+        """The control loop's state (jobs, their segments and rescales, planned nodes) as of
+        its last pass: frozen values, safe from any thread. Empty without a control loop."""
+        ctl = self.control
+        return ctl.snapshot() if ctl is not None else ControlSnapshot()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         if self.control is not None:
@@ -191,9 +225,9 @@ class MalleableExecutor(HighThroughputExecutor):
         for rec in live:
             self.node_table.gone(rec.name, "executor shut down")
         # Parsl's DFK may have scaled the blocks in already; cancel only what still runs.
+        polled = compat.block_status(self)
         self._cancel_blocks([
-            r.block_id for r in live
-            if not (r.block_id in self._status and self._status[r.block_id].terminal)
+            r.block_id for r in live if not (r.block_id in polled and polled[r.block_id].terminal)
         ])
         super().shutdown(timeout=timeout)
 
@@ -203,26 +237,26 @@ class MalleableExecutor(HighThroughputExecutor):
         self.node_table.check_new_name(name)
         if self.bad_state_is_set:
             raise self.executor_exception
-        block_id = str(self._block_id_counter.get_id())
+        block_id = compat.new_block_id(self)
         try:
             job_id = self._launch_node_block(block_id, name)
         except Exception as exc:
-            self._status[block_id] = self._simulated_status[block_id] = JobStatus(
+            compat.set_block_status(self, block_id, JobStatus(
                 JobState.FAILED, f"Failed to start block {block_id} for node {name}: {exc}"
-            )
+            ))
             raise
         self.node_table.add(name, block_id=block_id, job_id=job_id, end_s=end_s)
         self.blocks_to_job_id[block_id] = job_id
         self.job_ids_to_block[job_id] = block_id
-        self._status[block_id] = JobStatus(JobState.PENDING)
+        compat.set_block_status(self, block_id, JobStatus(JobState.PENDING), simulated=False)
         log.info("node %s: block %s submitted as job %s", name, block_id, job_id)
 
     def _launch_node_block(self, block_id: str, name: NodeId) -> Any:
         """Submit the pilot; a provider with ``submit_to_node`` is asked for that very host."""
         submit = getattr(self.provider, "submit_to_node", None)
         if submit is None:
-            return self._launch_block(block_id)
-        cmd = self._get_launch_command(block_id)
+            return compat.launch_block(self, block_id)
+        cmd = compat.launch_command(self, block_id)
         return submit(cmd, 1, f"parsl.{self.label}.block-{block_id}", node=name)
 
     def release_node(self, name: NodeId) -> None:
@@ -348,7 +382,7 @@ class MalleableExecutor(HighThroughputExecutor):
         except Exception:
             log.exception("provider failed to cancel jobs %s", jobs)
         for b in block_ids:
-            self._status[b] = self._simulated_status[b] = JobStatus(JobState.SCALED_IN)
+            compat.set_block_status(self, b, JobStatus(JobState.SCALED_IN))
 
     def _emit(self, events: Sequence[tuple[str, NodeId]]) -> None:
         for ev in events:
@@ -388,7 +422,7 @@ class MalleableExecutor(HighThroughputExecutor):
             return
         managers = self.connected_managers()
         self.poll_facade()  # rate-limited by the provider's status_polling_interval
-        terminal = [b for b, s in self._status.items() if s.terminal]
+        terminal = [b for b, s in compat.block_status(self).items() if s.terminal]
         to_probe, events = self.node_table.reconcile(managers, terminal)
         self._adopt_unnamed(managers)
         for rec in to_probe:

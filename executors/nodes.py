@@ -226,8 +226,9 @@ def tolerant_error_handler(executor: Any, status: Mapping[str, Any]) -> None:
     the venv is not on the nodes' PATH, say). Both are configuration errors nobody should wait
     on.
     """
-    from parsl.jobs.error_handlers import _get_error
     from parsl.jobs.states import JobState
+
+    from malleparsl.executors.parsl_compat import block_error
 
     table = getattr(executor, "node_table", None)
     if table is not None and any(r.ready_at is not None for r in table.records()):
@@ -235,4 +236,4 @@ def tolerant_error_handler(executor: Any, status: Mapping[str, Any]) -> None:
     failed = [s for s in status.values() if s.state in (JobState.FAILED, JobState.MISSING)]
     not_runnable = any(s.exit_code in (126, 127) for s in failed)
     if failed and len(failed) == len(status) and (len(failed) >= 3 or not_runnable):
-        executor.set_bad_state_and_fail_all(_get_error(dict(status)))
+        executor.set_bad_state_and_fail_all(block_error(dict(status)))

@@ -14,11 +14,14 @@ the same store (under a per-segment prefix) to form its process group.
 from __future__ import annotations
 
 import importlib
+import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 NodeId = str
+DEFAULT_KEY_PREFIX = "malleparsl"
 
 
 @dataclass(frozen=True)
@@ -35,21 +38,50 @@ class RankInfo:
     store_port: int
     ckpt_dir: str  # shared directory for this job's checkpoints
     options: dict[str, Any] = field(default_factory=dict)  # the job's malleable options
+    key_prefix: str = DEFAULT_KEY_PREFIX  # the executor's secret store namespace
+    local_rank: int = 0  # this rank's index among the ranks on its node
+    local_world_size: int = 1  # ranks on this node
+    env: dict[str, str] = field(default_factory=dict)  # socket interface, device binding
+    backend: str = "gloo"  # the collective backend the site config chose for this device
 
     @property
     def store_prefix(self) -> str:
         """Prefix for the process group of this segment (a fresh group per segment)."""
-        return f"malleparsl/{self.job_id}/seg{self.segment}/pg"
+        return f"{self.key_prefix}/{self.job_id}/seg{self.segment}/pg"
+
+    @property
+    def stop_key(self) -> str:
+        return stop_key(self.job_id, self.key_prefix)
+
+    @property
+    def progress_key(self) -> str:
+        return progress_key(self.job_id, self.segment, self.key_prefix)
 
 
-def stop_key(job_id: str) -> str:
+def stop_key(job_id: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """Driver sets this to the segment number (ASCII) that must stop at the next step boundary."""
-    return f"malleparsl/{job_id}/stop"
+    return f"{prefix}/{job_id}/stop"
 
 
-def progress_key(job_id: str, segment: int) -> str:
+def progress_key(job_id: str, segment: int, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """Rank 0 writes JSON ``{"step", "samples", "samples_per_s", "time"}`` here now and then."""
-    return f"malleparsl/{job_id}/seg{segment}/progress"
+    return f"{prefix}/{job_id}/seg{segment}/progress"
+
+
+def apply_rank_env(info: RankInfo) -> None:
+    """Export the rank's environment (socket interface, device binding) in this worker before
+    any socket or device is opened; every rank sets all of its keys, so a warm worker that ran
+    another local rank before is rebound."""
+    os.environ.update(info.env)
+
+
+def new_key_prefix() -> str:
+    """An unguessable store namespace for one executor: only its own rank tasks learn it.
+
+    The store has no authentication; a client that reaches its port but does not know the
+    prefix cannot name a job's keys (192 random bits), though it can still add keys of its own.
+    """
+    return f"{DEFAULT_KEY_PREFIX}/{secrets.token_urlsafe(24)}"
 
 
 @dataclass

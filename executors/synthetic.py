@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from malleparsl.executors.protocol import RankInfo, SegmentOutcome, progress_key, stop_key
+from malleparsl.executors.protocol import RankInfo, SegmentOutcome, apply_rank_env
 
 STATE_FILE = "synthetic_state.json"
 
@@ -68,6 +68,7 @@ def synthetic_entry(
     import torch
     import torch.distributed as dist
 
+    apply_rank_env(info)
     timeout = datetime.timedelta(seconds=timeout_s)
     root = dist.TCPStore(info.store_host, info.store_port, None, False, timeout=timeout)
     pg = dist.ProcessGroupGloo(
@@ -82,7 +83,7 @@ def synthetic_entry(
         step, total = int(state["step"]), float(state["total"])
         first_step_time, t_start, steps_here = None, time.time(), 0
         last_progress, save_s = 0.0, 0.0
-        skey, pkey = stop_key(info.job_id), progress_key(info.job_id, info.segment)
+        skey, pkey = info.stop_key, info.progress_key
         flag = torch.zeros(1)
         ones = torch.ones(4)
         while step < steps:

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
+from malleparsl.executors.protocol import DEFAULT_KEY_PREFIX, RankInfo, progress_key, stop_key
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,8 @@ class NodeWarmer:
         timeout_s: float = 120.0,
         rehearsal_stop_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.submit = submit
         self.post = post
@@ -128,6 +130,8 @@ class NodeWarmer:
         self.timeout_s = timeout_s
         self.rehearsal_stop_s = rehearsal_stop_s
         self.clock = clock
+        self.key_prefix = key_prefix
+        self.env = dict(env or {})
         self._nodes: dict[NodeId, _Warming] = {}
         self.warmed: dict[NodeId, set[tuple[str, str]]] = {}  # what each node has run
 
@@ -170,6 +174,7 @@ class NodeWarmer:
             job_id=private, segment=0, rank=0, world_size=1, node=node, nodes=(node,),
             store_host=self.store_host, store_port=self.store_port, ckpt_dir="",
             options={**job.options, "job_id": private, "rehearsal": True},
+            key_prefix=self.key_prefix, env=self.env, backend=getattr(job, "backend", "gloo"),
         )
         return self.submit(node, rehearse_entry, job.entry, info, job.args, job.kwargs)
 
@@ -178,8 +183,9 @@ class NodeWarmer:
         now = self.clock()
         for w in self._nodes.values():
             for private, stop_by in list(w.rehearsals.items()):
-                if now >= stop_by or self.store.check([progress_key(private, 0)]):
-                    self.store.set(stop_key(private), "0")
+                if now >= stop_by or self.store.check(
+                        [progress_key(private, 0, self.key_prefix)]):
+                    self.store.set(stop_key(private, self.key_prefix), "0")
                     del w.rehearsals[private]
 
     def done(self, node: NodeId, fut: Future) -> bool:

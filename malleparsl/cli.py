@@ -39,6 +39,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
     ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
     ("bench", "decisions", "malleparsl.sim.bench_decisions:bench_decisions"),
+    ("bench", "multihost", "malleparsl.executors.bench_multihost:bench_multihost"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),
 ]
 

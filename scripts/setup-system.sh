@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# System packages the tests need: Debian's Slurm daemons (live scavenger tests) and Chromium
-# (the report is checked in a real browser). One line per step; quick when all are there.
+# System packages the tests need: Debian's Slurm daemons (live scavenger tests), Chromium
+# (the report is checked in a real browser), iproute2 and util-linux (ip, nsenter: the multihost
+# tests' network namespaces). One line per step; quick when all are there.
 set -euo pipefail
 missing=()
 for cmd in slurmctld slurmd sinfo; do
   command -v "$cmd" >/dev/null || { missing+=(slurmctld slurmd slurm-client); break; }
 done
 command -v chromium >/dev/null || missing+=(chromium)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v nsenter >/dev/null || missing+=(util-linux)
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup-system: Slurm and Chromium already installed"
+  echo "setup-system: Slurm, Chromium, ip and nsenter already installed"
   exit 0
 fi
 SUDO=""

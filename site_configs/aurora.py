@@ -8,7 +8,14 @@ writing, so ``queue`` has no default: name a preemptable queue if the facility o
 or a queue you may use with ``allow_nonpreemptible=True`` (then pilots are ordinary jobs and
 are not taken back by the scheduler).
 
-One rank runs per node and sees all 12 tiles; ``ctx.device`` picks the first accelerator.
+Ranks: one per accelerator by default (``ranks_per_node`` = the twelve tiles), local rank ``i``
+bound to accelerator ``i`` through ``ZE_AFFINITY_MASK`` (the backend is ``nccl`` on CUDA and ROCm,
+``xccl`` on Intel GPUs, gloo on CPU); ``ranks_per_node=1`` gives one rank all of them.
+Addressing: the interchange and the rendezvous store listen on ``address`` (default: the login
+node's hostname address); ranks run gloo/NCCL over ``interface``, default ``hsn0`` (Slingshot 11; nodes have ``hsn0``..``hsn7``).
+**Uncertain**: the interface name and whether compute nodes reach the login node's hostname
+address are from public documentation, not tested there; check ``ip addr`` on a compute node
+and pass ``interface=`` / ``address=`` (e.g. ``parsl.addresses.address_by_interface(...)``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ def aurora_config(
     allow_nonpreemptible: bool = False,
     run: Runner | None = None,
     run_dir: str | None = None,
+    ranks_per_node: int | None = None,
+    interface: str | None = "hsn0",
     **executor_options: Any,
 ) -> Config:
     """A Parsl ``Config`` for malleable training on Aurora nodes.
@@ -60,5 +69,5 @@ def aurora_config(
         worker_init=worker_init, cpus_per_node=208, gpu_var="ZE_AFFINITY_MASK",
         gpus=tiles_per_node, filesystems=filesystems, query_period_s=query_period_s,
         allow_nonpreemptible=allow_nonpreemptible, run=run, run_dir=run_dir,
-        **executor_options,
+        ranks_per_node=ranks_per_node, interface=interface, **executor_options,
     )

@@ -6,14 +6,16 @@ GPUs, filesystems, launcher) and calls :func:`facility_config`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 from parsl.config import Config
 
-from malleparsl.controller import JobStatus
 from malleparsl.errors import SpecError
 from malleparsl.executors.executor import MalleableExecutor
+from malleparsl.executors.options import ControlOptions
+from malleparsl.executors.parsl_compat import launch_command
 from malleparsl.model import NodeId
 
 _WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
@@ -41,8 +43,18 @@ def check_account(account: Any) -> str:
 
 
 def gpu_env(var: str, gpus: int) -> str:
-    """The shell line exposing all of a node's GPUs to its one rank (one rank per node)."""
+    """The shell line exposing all of a node's GPUs to its workers; each rank then narrows
+    ``var`` to its own accelerator (see :class:`~malleparsl.executors.ControlOptions`)."""
     return f"export {var}={','.join(str(i) for i in range(gpus))}"
+
+
+def rank_layout(gpus: int, ranks_per_node: int | None) -> dict[str, Any]:
+    """One rank per accelerator by default; ``ranks_per_node=1`` gives one rank all of them."""
+    ranks = gpus if ranks_per_node is None else check_positive("ranks_per_node", ranks_per_node)
+    if ranks > gpus:
+        raise SpecError(f"ranks_per_node={ranks} exceeds the {gpus} accelerators per node")
+    accel = tuple(str(i) for i in range(ranks)) if ranks > 1 else ()
+    return {"ranks_per_node": ranks, "accelerators": accel}
 
 
 def facility_config(
@@ -51,24 +63,46 @@ def facility_config(
     node_source: Any,
     run_dir: str | None = None,
     label: str = "malleable",
+    ranks_per_node: int = 1,
+    accelerators: tuple[str, ...] = (),
+    device_env_var: str = "CUDA_VISIBLE_DEVICES",
+    interface: str | None = None,
+    address: str | None = None,
+    control: ControlOptions | None = None,
     **executor_options: Any,
 ) -> Config:
     """A ``Config`` with one :class:`MalleableExecutor` fed by a scavenger.
 
-    Defaults that matter at a facility: one worker per node (ranks are one per node), CurveZMQ
-    encryption on (the interchange listens on the login node), 2 s heartbeats with a 10 s
-    threshold (a silently dead node is noticed in ~10 s), and no Parsl block strategy (the
-    controller decides the node count).
+    Defaults that matter at a facility: one worker per rank and ``ranks_per_node`` ranks per
+    node, local rank ``i`` bound to ``accelerators[i]`` through ``device_env_var``; CurveZMQ
+    encryption on (the interchange listens on the login node); the interchange and the
+    rendezvous store on ``address`` (default: the login node's hostname address, which compute
+    nodes usually reach — pass the high-speed network's address when they do not); gloo/NCCL on
+    ``interface``; 2 s heartbeats with a 10 s threshold (a silently dead node is noticed in
+    ~10 s); no Parsl block strategy (the controller decides the node count).
     """
+    check_positive("ranks_per_node", ranks_per_node)
+    base = control if control is not None else ControlOptions()
+    control = dataclasses.replace(
+        base, ranks_per_node=ranks_per_node, accelerators=tuple(accelerators),
+        device_env_var=device_env_var, socket_ifname=interface or base.socket_ifname,
+    )
     options: dict[str, Any] = {
         "label": label,
         "provider": provider,
         "node_source": node_source,
-        "max_workers_per_node": 1,
+        "max_workers_per_node": ranks_per_node,
         "encrypted": True,
         "heartbeat_period": 2,
         "heartbeat_threshold": 10,
+        "control": control,
     }
+    if address is None and "address" not in executor_options:
+        from parsl.addresses import address_by_hostname
+
+        address = address_by_hostname()
+    if address is not None:
+        options["address"] = address
     options.update(executor_options)
     executor = MalleableExecutor(**options)
     # a pilot scavenger holds only as many nodes as the jobs can use, and gives the rest back
@@ -83,17 +117,15 @@ def facility_config(
 def jobs_demand(executor: Any) -> int | None:
     """Nodes the executor's unfinished malleable jobs could use (their ``max_nodes`` summed);
     None (= up to the cap) before the control loop exists."""
-    control = getattr(executor, "control", None)
-    if control is None:
+    if getattr(executor, "control", None) is None:
         return None
-    jobs = control.controller.jobs.values()
-    return sum(js.spec.max_nodes for js in jobs if js.status is not JobStatus.DONE)
+    jobs = executor.snapshot().jobs.values()
+    return sum(j.max_nodes for j in jobs if j.state != "done")
 
 
 def nodes_in_use(executor: Any) -> set[str]:
     """Nodes the controller has given to jobs (never returned while in use)."""
-    control = getattr(executor, "control", None)
-    return set(control.controller.allocation.used_nodes) if control is not None else set()
+    return set(executor.snapshot().used_nodes)
 
 
 
@@ -113,11 +145,13 @@ def pbs_facility(
     allow_nonpreemptible: bool,
     run: Any,
     run_dir: str | None,
+    ranks_per_node: int | None = None,
     **executor_options: Any,
 ) -> Config:
     """A PBS Pro facility: checks, one-node pinned pilots through ``mpiexec``, a PBS scavenger.
 
-    ``gpus`` accelerators are exposed to the node's one rank through ``gpu_var``.
+    ``gpus`` accelerators per node, one rank each unless ``ranks_per_node`` says otherwise;
+    each rank is bound to its accelerator through ``gpu_var``.
     """
     from parsl.launchers import MpiExecLauncher
 
@@ -141,7 +175,9 @@ def pbs_facility(
         run=run,
     )
     source = PBSScavenger(provider=provider, query_period_s=query_period_s)
-    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir,
+                           device_env_var=gpu_var, **rank_layout(gpus, ranks_per_node),
+                           **executor_options)
 
 
 def slurm_facility(
@@ -159,9 +195,11 @@ def slurm_facility(
     allow_nonpreemptible: bool,
     run: Any,
     run_dir: str | None,
+    ranks_per_node: int | None = None,
     **executor_options: Any,
 ) -> Config:
-    """A Slurm facility: checks, one-node pinned pilots through ``srun``, a Slurm scavenger."""
+    """A Slurm facility: checks, one-node pinned pilots through ``srun``, a Slurm scavenger;
+    ranks and binding as for :func:`pbs_facility`."""
     from parsl.launchers import SrunLauncher
 
     from malleparsl.scavenger.slurm import SlurmScavenger
@@ -183,7 +221,9 @@ def slurm_facility(
         run=run,
     )
     source = SlurmScavenger(provider=provider, query_period_s=query_period_s)
-    return facility_config(provider=provider, node_source=source, run_dir=run_dir, **executor_options)
+    return facility_config(provider=provider, node_source=source, run_dir=run_dir,
+                           device_env_var=gpu_var, **rank_layout(gpus, ranks_per_node),
+                           **executor_options)
 
 
 def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
@@ -206,7 +246,7 @@ def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
         ex.logconf_path = None  # set by HTEX's start(); no logging config is shipped here
     ex.initialize_scaling()
     job_name = "parsl.malleable.block-0"
-    ex.provider.submit_to_node(ex._get_launch_command("0"), 1, job_name, node=node)
+    ex.provider.submit_to_node(launch_command(ex, "0"), 1, job_name, node=node)
     # providers append a timestamp to the job name; the script is the file without a suffix
     scripts = sorted(
         f for f in os.listdir(ex.provider.script_dir)

@@ -7,7 +7,14 @@ QOS open to all Frontier users at the time of writing; pass one with ``qos=`` if
 allocation has it. Otherwise pilots in ``batch`` are ordinary jobs: that needs
 ``allow_nonpreemptible=True`` and the jobs are not taken back by the scheduler.
 
-One rank runs per node and sees all 8 GCDs; ``ctx.device`` is the first.
+Ranks: one per accelerator by default (``ranks_per_node`` = the eight GCDs), local rank ``i``
+bound to accelerator ``i`` through ``ROCR_VISIBLE_DEVICES`` (the backend is ``nccl`` on CUDA and ROCm,
+``xccl`` on Intel GPUs, gloo on CPU); ``ranks_per_node=1`` gives one rank all of them.
+Addressing: the interchange and the rendezvous store listen on ``address`` (default: the login
+node's hostname address); ranks run gloo/NCCL over ``interface``, default ``hsn0`` (Slingshot 11; nodes have ``hsn0``..``hsn3``).
+**Uncertain**: the interface name and whether compute nodes reach the login node's hostname
+address are from public documentation, not tested there; check ``ip addr`` on a compute node
+and pass ``interface=`` / ``address=`` (e.g. ``parsl.addresses.address_by_interface(...)``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ def frontier_config(
     allow_nonpreemptible: bool = False,
     run: Runner | None = None,
     run_dir: str | None = None,
+    ranks_per_node: int | None = None,
+    interface: str | None = "hsn0",
     **executor_options: Any,
 ) -> Config:
     """A Parsl ``Config`` for malleable training on Frontier nodes.
@@ -56,5 +65,6 @@ def frontier_config(
         worker_init=worker_init, gpu_var="ROCR_VISIBLE_DEVICES", gpus=gcds_per_node,
         scheduler_options=f"#SBATCH --gpus-per-node={gcds_per_node}",
         query_period_s=query_period_s, allow_nonpreemptible=allow_nonpreemptible, run=run,
-        run_dir=run_dir, **executor_options,
+        run_dir=run_dir,
+        ranks_per_node=ranks_per_node, interface=interface, **executor_options,
     )

@@ -6,7 +6,14 @@ GPU nodes, and a ``preempt`` QOS whose jobs may be preempted after a guaranteed 
 (two hours when this was written) — so a pilot there is not taken back instantly, and short
 pilot walltimes waste less. Pilots are one exclusive node each.
 
-One rank runs per node and sees all four GPUs; ``ctx.device`` is ``cuda:0``.
+Ranks: one per accelerator by default (``ranks_per_node`` = the four A100s), local rank ``i``
+bound to accelerator ``i`` through ``CUDA_VISIBLE_DEVICES`` (the backend is ``nccl`` on CUDA and ROCm,
+``xccl`` on Intel GPUs, gloo on CPU); ``ranks_per_node=1`` gives one rank all of them.
+Addressing: the interchange and the rendezvous store listen on ``address`` (default: the login
+node's hostname address); ranks run gloo/NCCL over ``interface``, default ``hsn0`` (Slingshot 11; GPU nodes have ``hsn0``..``hsn3``).
+**Uncertain**: the interface name and whether compute nodes reach the login node's hostname
+address are from public documentation, not tested there; check ``ip addr`` on a compute node
+and pass ``interface=`` / ``address=`` (e.g. ``parsl.addresses.address_by_interface(...)``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ def perlmutter_config(
     allow_nonpreemptible: bool = False,
     run: Runner | None = None,
     run_dir: str | None = None,
+    ranks_per_node: int | None = None,
+    interface: str | None = "hsn0",
     **executor_options: Any,
 ) -> Config:
     """A Parsl ``Config`` scavenging Perlmutter GPU nodes for malleable training.
@@ -55,5 +64,6 @@ def perlmutter_config(
         worker_init=worker_init, gpu_var="CUDA_VISIBLE_DEVICES", gpus=gpus_per_node,
         scheduler_options=f"#SBATCH --constraint={constraint}\n#SBATCH --gpus-per-node={gpus_per_node}",
         query_period_s=query_period_s, allow_nonpreemptible=allow_nonpreemptible, run=run,
-        run_dir=run_dir, **executor_options,
+        run_dir=run_dir,
+        ranks_per_node=ranks_per_node, interface=interface, **executor_options,
     )

@@ -7,8 +7,14 @@ node, ``mpiexec`` (Cray PALS) as the launcher, and a ``preemptable`` queue whose
 written) does not bind us — every pilot is one node — but the per-user job limit does: keep
 ``node_cap`` at or under it.
 
-One rank runs per node and sees all four GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3``); the
-training function's ``ctx.device`` is ``cuda:0``. Running one rank per GPU is future work.
+Ranks: one per accelerator by default (``ranks_per_node`` = the four A100s), local rank ``i``
+bound to accelerator ``i`` through ``CUDA_VISIBLE_DEVICES`` (the backend is ``nccl`` on CUDA and ROCm,
+``xccl`` on Intel GPUs, gloo on CPU); ``ranks_per_node=1`` gives one rank all of them.
+Addressing: the interchange and the rendezvous store listen on ``address`` (default: the login
+node's hostname address); ranks run gloo/NCCL over ``interface``, default ``hsn0`` (Slingshot; Polaris nodes have ``hsn0`` and ``hsn1``).
+**Uncertain**: the interface name and whether compute nodes reach the login node's hostname
+address are from public documentation, not tested there; check ``ip addr`` on a compute node
+and pass ``interface=`` / ``address=`` (e.g. ``parsl.addresses.address_by_interface(...)``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ def polaris_config(
     allow_nonpreemptible: bool = False,
     run: Runner | None = None,
     run_dir: str | None = None,
+    ranks_per_node: int | None = None,
+    interface: str | None = "hsn0",
     **executor_options: Any,
 ) -> Config:
     """A Parsl ``Config`` scavenging Polaris nodes for malleable training.
@@ -54,6 +62,9 @@ def polaris_config(
     filesystems : the mandatory ``-l filesystems=`` value (e.g. ``home:eagle:grand``).
     query_period_s : least time between ``pbsnodes``/``qstat`` queries (be polite: >= 30 s).
     run : runner for PBS commands (tests pass a recording fake).
+    ranks_per_node : ranks per node, each bound to one accelerator (default: one per
+        accelerator; 1: one rank sees them all).
+    interface : the compute nodes' network interface for gloo/NCCL (see the module note).
     **executor_options : more :class:`MalleableExecutor` arguments (``policy``, ``ckpt_root`` on
         a shared filesystem, ...).
     """
@@ -63,5 +74,6 @@ def polaris_config(
         worker_init=worker_init, cpus_per_node=64, gpu_var="CUDA_VISIBLE_DEVICES",
         gpus=gpus_per_node, select_options=f"ngpus={gpus_per_node}", filesystems=filesystems,
         query_period_s=query_period_s, allow_nonpreemptible=allow_nonpreemptible, run=run,
-        run_dir=run_dir, **executor_options,
+        run_dir=run_dir,
+        ranks_per_node=ranks_per_node, interface=interface, **executor_options,
     )

@@ -9,7 +9,6 @@ node-seconds in ``summary.json``.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -48,7 +47,6 @@ class Recorder:
         self.t0 = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._store: Any = None
         self._lock = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -88,22 +86,22 @@ class Recorder:
         samples: dict[str, float] = {}
         rates: dict[str, float] = {}
         if ctl is not None:
-            usable = frozenset(ctl.controller.nodes)
-            jobs = list(ctl.jobs.items())
+            snap = ex.snapshot()
+            usable = frozenset(snap.nodes)
+            jobs = list(snap.jobs.items())
             # A job told to stop still occupies its nodes' workers until its ranks return; a
             # job launched onto them meanwhile waits. Count each node for its actual occupant.
-            jobs.sort(key=lambda kv: getattr(kv[1], "state", None) != "stopping")
+            jobs.sort(key=lambda kv: kv[1].state != "stopping")
             held: set[str] = set()
             for job_id, job in jobs:
                 nodes = tuple(n for n in job.nodes if n not in held)
                 held.update(nodes)
                 if nodes:
                     running[job_id] = nodes
-                    prog = self._progress(job_id, getattr(job.segment, "index", None))
-                    if prog:
-                        samples[job_id] = float(prog.get("samples") or 0.0)
-                        if prog.get("samples_per_s"):
-                            rates[job_id] = float(prog["samples_per_s"])
+                    if job.samples is not None:
+                        samples[job_id] = job.samples
+                    if job.samples_per_s:
+                        rates[job_id] = job.samples_per_s
         s = Sample(t, ready, usable, running, samples, rates)
         with self._lock:
             self.samples.append(s)
@@ -112,36 +110,6 @@ class Recorder:
     def latest(self) -> Sample | None:
         with self._lock:
             return self.samples[-1] if self.samples else None
-
-    def _progress(self, job_id: str, segment: int | None) -> dict[str, Any] | None:
-        if segment is None:
-            return None
-        store = self._client()
-        if store is None:
-            return None
-        from malleparsl.executors.protocol import progress_key
-
-        key = progress_key(job_id, segment)
-        try:
-            if not store.check([key]):
-                return None
-            return json.loads(store.get(key))
-        except Exception:
-            return None
-
-    def _client(self) -> Any:
-        if self._store is None:
-            ctl = self.control
-            port = getattr(ctl, "store_port", None)
-            if port is None:
-                return None
-            import datetime
-
-            import torch.distributed as dist
-
-            self._store = dist.TCPStore(ctl.store_host, port, is_master=False,
-                                        timeout=datetime.timedelta(seconds=5))
-        return self._store
 
     # ---- summaries ----------------------------------------------------------------------
     def node_seconds(self) -> tuple[float, float]:
@@ -158,10 +126,9 @@ class Recorder:
     def rescale_count(self) -> dict[str, int]:
         """Relaunches per kind (up, down, same, restart) over every malleable job."""
         out: dict[str, int] = {}
-        ctl = self.control
-        if ctl is None:
+        if self.control is None:
             return out
-        for job in list(ctl.jobs.values()):
+        for job in self.executor.snapshot().jobs.values():
             for r in job.rescales:
                 out[r.kind] = out.get(r.kind, 0) + 1
         return out

@@ -96,6 +96,7 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
     import torch.distributed as dist
 
     from malleparsl.executors.bench_rescale import KeepAndFillPolicy
+    from malleparsl.executors.options import ControlOptions
     from malleparsl.executors.synthetic import synthetic_entry
     from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config
 
@@ -106,7 +107,9 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
         partition="scavenger", node_cap=n, walltime="01:00:00", query_period_s=query_period_s,
         address="127.0.0.1", run=slurm.runner(), run_dir=str(workdir / "runinfo"),
         ckpt_root=str(workdir / "ckpt"), heartbeat_period=1, heartbeat_threshold=5,
-        poll_period_s=0.1, policy=KeepAndFillPolicy(), warm_modules=("torch.distributed",),
+        policy=KeepAndFillPolicy(), warm_modules=("torch.distributed",),
+        # lost nodes are released after 1 s (see scavenger_options below)
+        control=ControlOptions(poll_period_s=0.1, release_grace_s=1.0),
         worker_init=f"export PATH={os.path.dirname(sys.executable)}:$PATH",
         # the control loop below releases lost nodes after 1 s, so 3 s of rest is enough
         scavenger_options={"claim_timeout_s": 60.0, "retake_after_s": 3.0},
@@ -117,29 +120,29 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
     trials: list[dict[str, float]] = []
     try:
         ex = dfk.executors["malleable"]
-        ex.control.release_grace_s = 1.0
         finish = "malleparsl/bench/finish"
         fut = ex.submit(synthetic_entry,
                         {"malleable": {"job_id": "bench", "min_nodes": 1, "max_nodes": n}},
                         steps=10**9, step_s=0.05, ckpt_every=20, finish_key=finish)
-        _wait(lambda: "bench" in ex.control.jobs, 30, "admission")
-        job = ex.control.jobs["bench"]
+        _wait(lambda: "bench" in ex.snapshot().jobs, 30, "admission")
+
+        def job() -> Any:
+            return ex.snapshot().jobs["bench"]
 
         def training_at(size: int, after: float) -> float | None:
-            for r in job.rescales:
+            for r in job().rescales:
                 if r.to_size == size and r.first_step_s and r.decided_s >= after - 1:
                     return r.first_step_s
             return None
 
-        _wait(lambda: len(ex.ready_nodes()) == n and job.segment is not None
-              and len(job.segment.nodes) == n and job.segment.last_progress_time, 300,
-              "training on every node")
+        _wait(lambda: len(ex.ready_nodes()) == n and len(job().nodes) == n
+              and job().stepping, 300, "training on every node")
         for i in range(repeats):
             # let the full-size segment settle (group formed, a few progress reports) first
             def settled() -> bool:
-                seg = job.segment
-                return (seg is not None and len(seg.nodes) == n and bool(seg.last_progress_time)
-                        and time.time() - seg.started_s > settle_s)
+                j = job()
+                return (len(j.nodes) == n and j.stepping and j.started_s is not None
+                        and time.time() - j.started_s > settle_s)
 
             _wait(settled, 120, "a settled full-size segment")
             t_hp = time.time()
@@ -154,7 +157,8 @@ def measure_preemption(slurm: Any, *, repeats: int, query_period_s: float, workd
             trials.append({"preemption_to_running_s": resumed - t_hp,
                            "regrow_s": regrown - t_end})
             log.info("trial %d: %s", i, trials[-1])
-        store = dist.TCPStore("127.0.0.1", ex.control.store_port, None, False)
+        snap = ex.snapshot()
+        store = dist.TCPStore(snap.store_host, snap.store_port, None, False)
         store.set(finish, "1")
         fut.result(timeout=60)
     finally:

@@ -40,7 +40,7 @@ DAEMONS = ("slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "scontrol", "scan
 
 _CONF = """\
 ClusterName=mp{tag}
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
@@ -77,7 +77,7 @@ SlurmdTimeout={slurmd_timeout}
 MessageTimeout={message_timeout}
 InactiveLimit=0
 Waittime=0
-NodeName=n[01-{n:02d}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{d_lo}-{d_hi}] CPUs=1 RealMemory=1000 State=UNKNOWN
+{node_lines}
 PartitionName=scavenger Nodes=ALL Default=YES PriorityTier=1 PreemptMode={preempt_mode} MaxTime=INFINITE State=UP
 PartitionName=main Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 """
@@ -124,6 +124,10 @@ class LocalSlurm:
     min_job_age_s: int = 300
     workdir: str | None = None
     start_timeout_s: float = 20.0
+    # emulated hosts (malleparsl.testbed.Host: ``address``, ``nsenter``), one per node: each
+    # slurmd runs on its host with NodeAddr its address; slurmctld listens on ``ctld_address``
+    hosts: tuple = ()
+    ctld_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 64:
@@ -134,6 +138,9 @@ class LocalSlurm:
         self._own_dir = self.workdir is None
         self.dir = Path(self.workdir or tempfile.mkdtemp(prefix="mp-slurm-"))
         self.node_names = [f"n{i:02d}" for i in range(1, self.nodes + 1)]
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise SpecError(f"hosts must give one emulated host per node ({self.nodes}), "
+                            f"got {len(self.hosts)}")
         self.env: dict[str, str] = dict(os.environ)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -142,10 +149,20 @@ class LocalSlurm:
         for sub in ("state", "spool", "jobs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         conf = self.dir / "slurm.conf"
+        host = socket.gethostname().split(".")[0]
+        node = "NodeName={name} NodeHostname={host} NodeAddr={addr} Port={port} CPUs=1 " \
+               "RealMemory=1000 State=UNKNOWN"
+        if self.hosts:
+            lines = [node.format(name=n, host=host, addr=h.address, port=base + 1)
+                     for n, h in zip(self.node_names, self.hosts)]
+        else:
+            lines = [node.format(name=f"n[01-{self.nodes:02d}]", host=host, addr="127.0.0.1",
+                                 port=f"[{base + 1}-{base + self.nodes}]")]
         conf.write_text(
             _CONF.format(
-                tag=base, host=socket.gethostname().split(".")[0], ctld_port=base,
-                d=self.dir, n=self.nodes, d_lo=base + 1, d_hi=base + self.nodes,
+                tag=base, host=host, ctld_port=base, ctld_addr=self.ctld_address,
+                node_lines="\n".join(lines),
+                d=self.dir,
                 preempt_mode=self.preempt_mode,
                 kill_wait=self.kill_wait_s, slurmd_timeout=self.slurmd_timeout_s,
                 message_timeout=self.message_timeout_s, min_job_age=self.min_job_age_s,
@@ -163,8 +180,10 @@ class LocalSlurm:
             )
         self.write_config()
         self._spawn(["slurmctld", "-D", "-i"], "slurmctld.out")
-        for name in self.node_names:
-            self._spawn(["slurmd", "-D", "-N", name], f"slurmd.{name}.out")
+        for i, name in enumerate(self.node_names):
+            # nsenter --net, not `ip netns exec`: the latter remounts /sys and slurmd then dies
+            on_host = list(self.hosts[i].nsenter) if self.hosts else []
+            self._spawn([*on_host, "slurmd", "-D", "-N", name], f"slurmd.{name}.out")
         try:
             self.wait_idle(self.node_names, timeout_s=self.start_timeout_s)
         except BaseException:

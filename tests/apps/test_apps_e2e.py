@@ -10,8 +10,6 @@ must fail its app future with the user's own traceback.
 
 from __future__ import annotations
 
-import datetime
-import json
 import time
 
 import pytest
@@ -23,7 +21,6 @@ from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.executors.protocol import progress_key  # noqa: E402
 from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -59,39 +56,28 @@ def wait_for(cond, what, ex=None, timeout_s=NODE_TIMEOUT_S):
 
 
 def _describe(ex) -> str:
-    c = ex.control
+    snap = ex.snapshot()
     jobs = {
-        j: (jb.state.value, jb.segment and (jb.segment.index, jb.segment.nodes),
-            [(r.kind, r.from_size, r.to_size) for r in jb.rescales])
-        for j, jb in c.jobs.items()
+        j: (jb.state, jb.segment, jb.nodes, [(r.kind, r.from_size, r.to_size) for r in jb.rescales])
+        for j, jb in snap.jobs.items()
     }
-    return f"allocation {dict(c.controller.allocation.assignment)}, jobs {jobs}"
+    return f"nodes in use {sorted(snap.used_nodes)}, jobs {jobs}"
+
+
+def view_of(ex, job_id):
+    return ex.snapshot().jobs.get(job_id)
 
 
 def segment_of(ex, job_id):
-    job = ex.control.jobs.get(job_id)
-    return None if job is None else job.segment
+    """The job's view while a segment runs (``.nodes``), else None."""
+    view = view_of(ex, job_id)
+    return view if view is not None and view.segment is not None else None
 
 
 def step_of(ex, job_id) -> int:
     """The job's last reported step in its current segment (-1 if none yet)."""
-    seg = segment_of(ex, job_id)
-    if seg is None or seg.last_progress_time is None:
-        return -1
-    key = progress_key(job_id, seg.index)
-    return json.loads(_client(ex).get(key))["step"]
-
-
-_clients: dict[int, object] = {}
-
-
-def _client(ex):
-    """Our own TCPStore client: the driver's store object belongs to the control thread."""
-    port = ex.control.store_port
-    if port not in _clients:
-        _clients[port] = dist.TCPStore("127.0.0.1", port, None, False,
-                                       timeout=datetime.timedelta(seconds=10))
-    return _clients[port]
+    view = view_of(ex, job_id)
+    return -1 if view is None or view.step is None else view.step
 
 
 def running_at(ex, job_id, size, min_step=0):
@@ -133,8 +119,9 @@ def test_grow_shrink_kill_keeps_the_trajectory_and_resolves_once(live) -> None:
     want = [h["loss"] for h in baseline["history"]]
     assert len(got) == len(want) == STEPS
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
-    rescales = ex.control.jobs["long"].rescales
-    print("rescales:", [(r.kind, r.from_size, r.to_size, r.pause_s, r.ckpt_io_s) for r in rescales])
+    wait_for(lambda: view_of(ex, "long").state == "done", "the snapshot to show it done", ex)
+    rescales = view_of(ex, "long").rescales
+    print("rescales:", [(r.kind, r.from_size, r.to_size, r.pause_s) for r in rescales])
     kinds = [r.kind for r in rescales]
     assert "up" in kinds and "down" in kinds and "restart" in kinds, kinds
     time.sleep(0.5)

@@ -20,6 +20,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
+from malleparsl.executors.options import ControlOptions  # noqa: E402
 from malleparsl.executors.synthetic import SyntheticFailure, synthetic_entry  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -33,13 +34,13 @@ def live(tmp_path_factory):
     src = ManualNodeSource(nodes=[f"node-{i:02d}" for i in range(3)])
     dfk = parsl.load(local_malleable_config(
         node_source=src, run_dir=str(run_dir / "runinfo"), ckpt_root=str(run_dir / "ckpt"),
+        control=ControlOptions(poll_period_s=0.1, release_grace_s=2.0, fail_grace_s=20.0),
     ))
     ex = dfk.executors["malleable"]
-    ex.control.release_grace_s = 2.0
-    ex.control.fail_grace_s = 20.0
     try:
         ex.wait_for_nodes(3, NODE_TIMEOUT_S)
-        store = dist.TCPStore("127.0.0.1", ex.control.store_port, None, False,
+        snap = ex.snapshot()
+        store = dist.TCPStore(snap.store_host, snap.store_port, None, False,
                               timeout=datetime.timedelta(seconds=10))
         yield ex, src, store
     finally:
@@ -64,7 +65,7 @@ def exactly(ex, src, n):
     wait_for(lambda: len(ex.ready_nodes()) == n, what=f"exactly {n} ready nodes")
     # the control thread learns of a ready node asynchronously: a job admitted before it has
     # would start smaller than the test expects
-    wait_for(lambda: set(ex.control.controller.nodes) == set(ex.ready_nodes()),
+    wait_for(lambda: set(ex.snapshot().nodes) == set(ex.ready_nodes()),
              what=f"the controller to plan with those {n} nodes")
     return sorted(ex.ready_nodes())
 
@@ -88,16 +89,25 @@ def start_job(ex, job_id, *, max_nodes, min_nodes=1, **entry_kwargs):
     fut = ex.submit(synthetic_entry,
                     {"malleable": {"job_id": job_id, "min_nodes": min_nodes, "max_nodes": max_nodes}},
                     **entry_kwargs)
-    wait_for(lambda: job_id in ex.control.jobs, 30, "admission")
-    job = ex.control.jobs[job_id]
-    _count_rank_results(job)
-    return fut, job
+    wait_for(lambda: job_id in ex.snapshot().jobs, 30, "admission")
+    # test instrumentation only: count every rank result the control thread hands the driver
+    _count_rank_results(ex.control.jobs[job_id])
+    return fut, LiveJob(ex, job_id)
+
+
+class LiveJob:
+    """The job's latest ``JobView`` from ``executor.snapshot()``, attribute by attribute."""
+
+    def __init__(self, ex, job_id):
+        self.ex, self.job_id = ex, job_id
+
+    def __getattr__(self, name):
+        return getattr(self.ex.snapshot().jobs[self.job_id], name)
 
 
 def stepping(job, size):
-    seg = job.segment
-    return (seg is not None and len(seg.nodes) == size and job.state.value == "running"
-            and seg.last_progress_time is not None)
+    view = job.ex.snapshot().jobs[job.job_id]
+    return len(view.nodes) == size and view.state == "running" and view.stepping
 
 
 def check_result(fut, job, steps):
@@ -107,6 +117,7 @@ def check_result(fut, job, steps):
     launched = lambda: sum(len(n) for n in job.history)  # noqa: E731
     wait_for(lambda: len(RANK_RESULTS[job.job_id]) >= launched(), 120,
              "every rank's result to reach the driver")
+    wait_for(lambda: job.state == "done", 60, "the snapshot to show the job done")
     assert job.resolutions == 1
     return res
 
@@ -149,7 +160,7 @@ def test_node_lost_mid_step_resumes_from_checkpoint_on_the_rest(live, how):
     job_id = f"lost-{how}"
     fut, job = start_job(ex, job_id, max_nodes=3, steps=500, step_s=0.03, ckpt_every=10,
                          progress_every_s=0.1)
-    wait_for(lambda: stepping(job, 3) and job.segment.last_progress_time > 0,
+    wait_for(lambda: stepping(job, 3),
              what="the job to step at size 3")
     time.sleep(0.5)
     victim = job.nodes[2]
@@ -173,9 +184,10 @@ def test_user_exception_fails_the_future_with_its_traceback_and_no_relaunch(live
         fut.result(timeout=120)
     frames = "".join(traceback.format_tb(info.value.__traceback__))
     assert "synthetic_entry" in frames  # the original remote traceback, not a wrapper
-    assert job.next_index == 1 and job.restarts == 0
+    wait_for(lambda: job.state == "done", 10, "the snapshot to show the job done")
+    assert len(job.history) == 1 and job.restarts == 0
     assert job.resolutions == 1
-    wait_for(lambda: not ex.control.controller.allocation.nodes_of("boom"), 10, "nodes freed")
+    wait_for(lambda: not ex.snapshot().used_nodes, 10, "nodes freed")
 
 
 def test_apps_training_grows_under_parsl_and_matches_an_unrescaled_run(live, tmp_path):
@@ -194,12 +206,13 @@ def test_apps_training_grows_under_parsl_and_matches_an_unrescaled_run(live, tmp
     wait_for(lambda: stepping(bjob, 1), what="the blocking job to run")
     app = apps.malleable_app(min_nodes=1, max_nodes=3, job_id="digits", **opts)(train_digits)
     fut = app(arch="mlp", total_steps=steps)
-    wait_for(lambda: "digits" in ex.control.jobs, 30, "admission")
-    job = ex.control.jobs["digits"]
+    wait_for(lambda: "digits" in ex.snapshot().jobs, 30, "admission")
+    job = LiveJob(ex, "digits")
     wait_for(lambda: stepping(job, 2), what="digits to step at size 2")
     store.set("test/blocker/finish", "1")
     blocker.result(timeout=60)
     res = fut.result(timeout=240)
+    wait_for(lambda: job.state == "done", 10, "the snapshot to show the job done")
     assert [len(n) for n in job.history] == [2, 3] and job.resolutions == 1
     assert [r.kind for r in job.rescales] == ["up"]
     ref = RankEntry(train_digits).local(arch="mlp", total_steps=steps, ckpt_dir=str(tmp_path))
@@ -225,6 +238,7 @@ def test_registered_policies_drive_the_live_loop(live, policy):
         wait_for(lambda: stepping(job, 3), 120, "the job to step on 3 nodes")
         store.set(f"test/{policy}/finish", "1")
         res = fut.result(timeout=60)
+        wait_for(lambda: job.state == "done", 10, "the snapshot to show the job done")
         assert res["total"] == float(res["steps"]) and job.resolutions == 1
         if policy == "jpa":
             assert len(job.history[0]) == 1  # probed at min_nodes first

@@ -20,6 +20,7 @@ parsl = pytest.importorskip("parsl")
 pytest.importorskip("torch")
 
 from malleparsl.apps import malleable_app  # noqa: E402
+from malleparsl.executors.options import ControlOptions  # noqa: E402
 from malleparsl.scavenger.slurm_parse import expand_hostlist  # noqa: E402
 from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config  # noqa: E402
 
@@ -53,18 +54,28 @@ def _wait(cond, timeout_s, what):
 
 
 def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
+    run_preemption_e2e(slurm, tmp_path)
+
+
+def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=None,
+                       finish_timeout_s=240):
+    """Scavenge 5 idle nodes, lose 3 to a high-priority job, regrow, finish. ``address`` and
+    ``socket_ifname`` let the multihost tests run it with every slurmd on its own host."""
     import sys
 
-    facility = slurm.sbatch("-p main -N 3 -t 10 -J facility", "sleep 600")
+    # outlives the test even on a loaded machine (the fixture cancels it)
+    facility = slurm.sbatch("-p main -N 3 -t 60 -J facility", "sleep 3600")
     _wait(lambda: slurm.job_state(facility) == "RUNNING", 20, "the facility job")
     busy = set(expand_hostlist(slurm.run(f"squeue -h -j {facility} -o %N").stdout))
     worker_init = (f"export PATH={Path(sys.executable).parent}:$PATH; "
                    f"export PYTHONPATH={HERE}:$PYTHONPATH")
     cfg = slurm_scavenger_config(
         partition="scavenger", node_cap=8, walltime="00:15:00", worker_init=worker_init,
-        query_period_s=0.5, address="127.0.0.1", run=slurm.runner(),
+        query_period_s=0.5, address=address, run=slurm.runner(),
         run_dir=str(tmp_path / "runinfo"), ckpt_root=str(tmp_path / "ckpt"),
-        heartbeat_period=1, heartbeat_threshold=5, poll_period_s=0.2,
+        heartbeat_period=1, heartbeat_threshold=5,
+        control=ControlOptions(poll_period_s=0.2, release_grace_s=1.0,
+                               socket_ifname=socket_ifname),
         warm_modules=("torch", "torch.distributed"),
         scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0,
                            "return_after_s": 2.0},
@@ -79,7 +90,6 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
     dfk = parsl.load(cfg)
     try:
         ex = dfk.executors["malleable"]
-        ex.control.release_grace_s = 1.0
         fut = app(log_path=str(log_path), total_steps=TOTAL_STEPS, step_sleep_s=0.05)
         idle = set(slurm.node_names) - busy
 
@@ -111,7 +121,8 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
         t_back = time.time()
         _wait(lambda: any(r[0] > t_back and r[2] == 5 for r in _log(log_path)), 120,
               "training on 5 nodes again")
-        result = fut.result(timeout=240)
+        result = fut.result(timeout=finish_timeout_s)
+        _wait(lambda: ex.snapshot().jobs["digits"].state == "done", 10, "the final snapshot")
         # no job wants nodes any more: the scavenger gives every pilot back to Slurm
         t_done = time.time()
         _wait(lambda: not slurm.run("squeue -h -p scavenger -o %i").stdout.split(), 60,
@@ -123,7 +134,7 @@ def test_scavenge_preempt_shrink_regrow_finish(slurm, tmp_path):
 
     rows = _log(log_path)
     assert result["steps"] == TOTAL_STEPS and result["accuracy"] > 0.9
-    job = ex.control.jobs["digits"]
+    job = ex.snapshot().jobs["digits"]  # the last snapshot before shutdown
     assert job.resolutions == 1
     sizes = [len(n) for n in job.history]
     # nodes join one by one, so early segments may be smaller; then 5, 2 after the

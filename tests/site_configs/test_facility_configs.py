@@ -47,7 +47,13 @@ def _build(fn, **kw):
 def test_polaris_script_has_pbs_directives_gpu_binding_and_worker_launch(tmp_path):
     cfg, fake = _build(polaris_config, account="MyProject", node_cap=4, run_dir=str(tmp_path))
     ex = cfg.executors[0]
-    assert isinstance(ex, MalleableExecutor) and ex.max_workers_per_node == 1 and ex.encrypted
+    assert isinstance(ex, MalleableExecutor) and ex.max_workers_per_node == 4 and ex.encrypted
+    ctl = ex.control_options  # one rank per A100, each bound through CUDA_VISIBLE_DEVICES
+    assert ctl.ranks_per_node == 4 and ctl.accelerators == ("0", "1", "2", "3")
+    assert ctl.device_env_var == "CUDA_VISIBLE_DEVICES" and ctl.socket_ifname == "hsn0"
+    assert ctl.rank_env(2) == {"CUDA_VISIBLE_DEVICES": "2", "GLOO_SOCKET_IFNAME": "hsn0",
+                               "NCCL_SOCKET_IFNAME": "hsn0"}
+    assert ex.address  # the interchange and store address nodes dial, never "all interfaces"
     script = render_pilot_script(cfg, node="x3005c0s7b0n0")
     qsub = [c for c in fake.commands if c.startswith("qsub")]
     assert len(qsub) == 1 and "-A MyProject" in qsub[0] and "-q preemptable" in qsub[0]
@@ -56,7 +62,7 @@ def test_polaris_script_has_pbs_directives_gpu_binding_and_worker_launch(tmp_pat
     assert "#PBS -l walltime=01:00:00" in script
     assert "export CUDA_VISIBLE_DEVICES=0,1,2,3" in script
     assert "mpiexec" in script and "--ppn 1" in script
-    assert "process_worker_pool.py" in script and "--max_workers_per_node=1" in script
+    assert "process_worker_pool.py" in script and "--max_workers_per_node=4" in script
 
 
 def test_aurora_script_exposes_twelve_tiles(tmp_path):
@@ -88,6 +94,31 @@ def test_frontier_script_exposes_eight_gcds(tmp_path):
     assert "#SBATCH --partition=batch" in script
     assert "#SBATCH --gpus-per-node=8" in script
     assert "export ROCR_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in script
+    ctl = cfg.executors[0].control_options
+    assert ctl.ranks_per_node == 8 and ctl.resolved_backend() == "nccl"
+
+
+@pytest.mark.parametrize(
+    ("fn", "kw", "var", "backend"),
+    [
+        (polaris_config, {"account": "P"}, "CUDA_VISIBLE_DEVICES", "nccl"),
+        (aurora_config, {"account": "P", "queue": "preemptable"}, "ZE_AFFINITY_MASK", "xccl"),
+        (perlmutter_config, {"account": "P"}, "CUDA_VISIBLE_DEVICES", "nccl"),
+    ],
+)
+def test_one_rank_per_node_and_site_address_and_interface(fn, kw, var, backend):
+    cfg, _ = _build(fn, ranks_per_node=1, interface="ib0", address="10.0.0.7", **kw)
+    ex = cfg.executors[0]
+    ctl = ex.control_options
+    assert ex.max_workers_per_node == 1 and ctl.ranks_per_node == 1 and ctl.accelerators == ()
+    assert ex.address == "10.0.0.7" and ctl.socket_ifname == "ib0" and ctl.device_env_var == var
+    cfg, _ = _build(fn, **kw)
+    assert cfg.executors[0].control_options.resolved_backend() == backend
+
+
+def test_more_ranks_than_accelerators_is_refused():
+    with pytest.raises(SpecError, match="ranks_per_node=5 exceeds the 4 accelerators"):
+        _build(polaris_config, account="P", ranks_per_node=5)
 
 
 @pytest.mark.parametrize(

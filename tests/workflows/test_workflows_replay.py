@@ -98,11 +98,11 @@ def test_recorder_counts_a_node_for_the_stopping_job_still_on_it():
     same node meanwhile waits, so the node is not counted twice."""
     from types import SimpleNamespace as NS
 
-    from malleparsl.executors.driver import JobState
     from malleparsl.workflows.timeline import Recorder
 
-    ctl = NS(controller=NS(nodes={"a": None, "b": None}), store_port=None, jobs={
-        "new": NS(nodes=("a", "b"), state=JobState.RUNNING, segment=None),
-        "old": NS(nodes=("a",), state=JobState.STOPPING, segment=None)})
-    s = Recorder(executor=NS(ready_nodes=lambda: {"a", "b"}, control=ctl)).sample()
+    snap = NS(nodes=frozenset({"a", "b"}), jobs={
+        "new": NS(nodes=("a", "b"), state="running", samples=None, samples_per_s=None),
+        "old": NS(nodes=("a",), state="stopping", samples=None, samples_per_s=None)})
+    ex = NS(ready_nodes=lambda: {"a", "b"}, control=object(), snapshot=lambda: snap)
+    s = Recorder(executor=ex).sample()
     assert s.running == {"old": ("a",), "new": ("b",)} and s.used == {"a", "b"}

@@ -82,7 +82,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         prior_weight: float = 0.5,
         optimism: str = "total",
         robust: bool = True,
-        explore_min_s: float = 1800.0,
+        explore_min_s: float = 300.0,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -248,7 +248,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         n = np.arange(1, n_tab + 1)
         per_node = self._per_node(rec, est)
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
-        kappa = 0.0 if short else self.kappa
+        kappa = self.kappa
         ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:

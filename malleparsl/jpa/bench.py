@@ -123,7 +123,8 @@ def run_comparison(
         rows.append(row)
     oracle = next((r for r in rows if r["setup"] == "milp"), None)
     for r in rows:
-        r["pct_of_oracle"] = 100 * r["samples"] / oracle["samples"] if oracle else math.nan
+        r["pct_of_oracle"] = (100 * r["samples"] / oracle["samples"]
+                             if oracle and oracle["samples"] else math.nan)
         r["pct_progress"] = (100 * r["progress"] / oracle["progress"]
                              if oracle and oracle["progress"] else math.nan)
     return rows

@@ -182,3 +182,28 @@ def test_summary_reports_held_out_families_apart():
     assert pooled["held-out"]["pct_samples_mean"] == 80.5
     assert pooled["tuned"]["pct_progress_min"] == 90.0
     assert not math.isnan(pooled["tuned"]["profiling_share_max"])
+
+
+@pytest.mark.slow
+def test_bench_jpa_on_the_zoo_prints_rows_and_the_held_out_summary():
+    from typer.testing import CliRunner
+
+    from malleparsl.cli import app
+
+    res = CliRunner().invoke(app, [
+        "bench", "jpa", "--jobs", "zoo:dip,step", "--nodes", "0:32", "--hours", "14",
+        "--seeds", "0", "--setups", "milp,milp+jpa,milp-linear", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = [__import__("json").loads(line) for line in res.output.splitlines() if line.strip()]
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert {(r["family"], r["setup"]) for r in runs} == {
+        (f, s) for f in ("dip", "step") for s in ("milp", "milp+jpa", "milp-linear")}
+    oracle = [r["pct_samples"] for r in runs if r["setup"] == "milp"]
+    assert all(p is None or p == pytest.approx(100.0) for p in oracle)  # None: no idle node
+    assert any(p is not None for p in oracle)
+    jpa = next(r for r in runs if r["setup"] == "milp+jpa" and r["progress"] > 0)
+    assert 0 <= jpa["profiling_share"] <= 1
+    parts = {r["part"] for r in rows if r["kind"] == "pooled"}
+    assert parts == {"tuned", "held-out"}
+    bad = CliRunner().invoke(app, ["bench", "jpa", "--jobs", "zoo:nope", "--nodes", "0:16"])
+    assert bad.exit_code != 0

@@ -81,6 +81,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         share_priors: bool = True,
         prior_weight: float = 0.5,
         optimism: str = "total",
+        robust: bool = True,
+        explore_min_s: float = 300.0,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -106,6 +108,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         if optimism not in ("total", "model"):
             raise SpecError(f"optimism must be 'total' or 'model', got {optimism!r}")
         self.optimism = optimism
+        if not (math.isfinite(explore_min_s) and explore_min_s >= 0):
+            raise SpecError(f"explore_min_s must be a finite number of seconds >= 0, got {explore_min_s!r}")
+        self.robust, self.explore_min_s = robust, explore_min_s
         self.records: dict[str, JobRecord] = {}
         self.priors: dict[str, CurveEstimate] = {}
         self.pause_pool: dict[str, list[float]] = {"up": [], "down": []}
@@ -125,13 +130,13 @@ class JobProfilingAdvisor(CurveAdvisor):
         prior, user = None, False
         if spec.curve is not None:
             prior, user = _curve_as_estimate(spec.curve, spec.max_nodes), True
-        elif self.share_priors and (key := profile_key(spec)) in self.priors:
-            prior = self.priors[key]
+        elif self.share_priors and (key := profile_key(spec)):
+            prior = self.priors.get(key) or self._live_prior(key)
         self._order += 1
         self.records[spec.job_id] = JobRecord(
             spec=spec, registered_s=now_s, order=self._order, window=self.window,
             warmup_obs=self.warmup_obs, prior=prior, prior_is_user=user,
-            prior_weight=4.0 if user else self.prior_weight,
+            prior_weight=4.0 if user else self.prior_weight, robust=self.robust,
         )
 
     def forget(self, job_id: str) -> None:
@@ -144,8 +149,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         est = rec.estimate(max(rec.spec.max_nodes, 1), default_noise=self.default_noise)
         if est is not None and rec.measured_sizes:
             key = profile_key(rec.spec)
-            if self.share_priors and key:
-                self.priors[key] = est
+            old = self.priors.get(key) if key else None
+            if self.share_priors and key and (old is None or len(est.measured) >= len(old.measured)):
+                self.priors[key] = est  # the better-explored of the two stays
         self.finished[job_id] = {
             "spec": rec.spec, "estimate": est, "ran_ns": dict(rec.ran_ns),
             "probe_ns": rec.probe_ns, "dropped": rec.dropped_zero,
@@ -220,8 +226,10 @@ class JobProfilingAdvisor(CurveAdvisor):
 
     def planning_curve(self, rec: JobRecord, n_tab: int) -> ScalingCurve | None:
         """``min(mean + kappa sigma, linear bound)``; flat past ``explore_factor`` x explored."""
+        short = self._nearly_done(rec)
+        key = (rec.version, short)
         hit = rec.plan_cache.get(n_tab)
-        if hit is not None and hit[0] == rec.version:
+        if hit is not None and hit[0] == key:
             return hit[1]
         est = rec.estimate(max(rec.spec.max_nodes, n_tab), default_noise=self.default_noise)
         if est is None:
@@ -229,21 +237,47 @@ class JobProfilingAdvisor(CurveAdvisor):
         self._last_pred[rec.job_id] = est.mean
         explored = rec.explored() or [1]
         limit = n_tab
-        if self.explore_factor is not None:
-            top = max(explored)
-            limit = int(min(n_tab, max(math.floor(self.explore_factor * top), top + 1)))
+        top = max(explored)
+        factor = self.explore_factor
+        if factor is not None and est.model_free:
+            factor = min(factor, 2.0)  # no structure fits: extrapolate one doubling at a time
+        if short:  # too little work left to pay for measuring a new size: stay where measured
+            factor = 1.0
+        if factor is not None:
+            limit = int(min(n_tab, max(math.floor(factor * top), top + (0 if short else 1))))
         n = np.arange(1, n_tab + 1)
         per_node = self._per_node(rec, est)
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
-        ucb = np.minimum(est.mean[1 : n_tab + 1] + self.kappa * sig[1 : n_tab + 1], per_node * n)
+        kappa = self.kappa
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:
             plan[limit:] = plan[limit - 1]
         curve = ScalingCurve(tuple(int(k) for k in n), tuple(float(v) for v in plan), name=rec.job_id)
-        rec.plan_cache[n_tab] = (rec.version, curve)
+        rec.plan_cache[n_tab] = (key, curve)
         return curve
 
     # ---- internals ----------------------------------------------------------------------
+    def _live_prior(self, key: str) -> CurveEstimate | None:
+        """A running job of the same model, the best explored one, as a prior (None if none)."""
+        best = None
+        for r in self.records.values():
+            if profile_key(r.spec) == key and r.obs and (
+                    best is None or len(r.measured_sizes) > len(best.measured_sizes)):
+                best = r
+        if best is None:
+            return None
+        return best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
+
+    def _nearly_done(self, rec: JobRecord) -> bool:
+        """Whether the job's remaining work, at the best rate it measured, is shorter than
+        ``explore_min_s``: measuring a new size (a pause, a warm-up, a reading) would not pay."""
+        total = rec.spec.total_samples
+        if not math.isfinite(total) or not rec.obs:
+            return False
+        best = max(float(np.mean(x)) for x in rec.obs.values() if x)
+        return best > 0 and (total - rec.done_est) / best < self.explore_min_s
+
     def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
         """The best samples/s per node seen (own data, else the prior): the linear bound."""
         if rec.obs:
@@ -286,6 +320,11 @@ class JobProfilingAdvisor(CurveAdvisor):
             if rec is None:
                 continue
             rec.attained_ns += ns
+            x = rec.obs.get(k)
+            if x:
+                rec.done_est += dt * float(np.mean(x))
+            elif (p := self._last_pred.get(job)) is not None and k < p.size:
+                rec.done_est += dt * float(p[k])
             rec.ran_ns[k] = rec.ran_ns.get(k, 0.0) + ns
             if rec.probe is not None and k == rec.probe.size:
                 rec.probe_ns += ns

@@ -112,7 +112,8 @@ def run_comparison(
         t0 = time.perf_counter()
         res = simulate(trace, jobs, policy=name, options=SimOptions(noise=noise, seed=seed),  # type: ignore[arg-type]
                        policy_options=opts)
-        row = {"setup": name, "samples": res.samples, "jobs_done": res.jobs_done,
+        row = {"setup": name, "samples": res.samples, "progress": res.progress,
+               "jobs_done": res.jobs_done,
                "rescales": res.rescales, "used_node_s": res.used_node_s,
                "wall_s": time.perf_counter() - t0}
         if adv is not None:
@@ -120,9 +121,12 @@ def run_comparison(
             row |= {"profiling_share": adv.probe_ns / res.used_node_s if res.used_node_s else 0.0,
                     "mape_final": final, "mape_decision": decision}
         rows.append(row)
-    oracle = next((r["samples"] for r in rows if r["setup"] == "milp"), None)
+    oracle = next((r for r in rows if r["setup"] == "milp"), None)
     for r in rows:
-        r["pct_of_oracle"] = 100 * r["samples"] / oracle if oracle else math.nan
+        r["pct_of_oracle"] = (100 * r["samples"] / oracle["samples"]
+                             if oracle and oracle["samples"] else math.nan)
+        r["pct_progress"] = (100 * r["progress"] / oracle["progress"]
+                             if oracle and oracle["progress"] else math.nan)
     return rows
 
 
@@ -156,19 +160,26 @@ def _check_bench_args(*, jobs: str, nodes: str, hours: float, setups: str, noise
 
 def bench_jpa(
     trace: str = typer.Option("summit", help="Idle-node trace: 'summit' or a fragments CSV."),
-    jobs: str = typer.Option("imagenet", help="Job set name/path, or 'shapes:N' (generated)."),
+    jobs: str = typer.Option(
+        "imagenet", help="Job set name/path, 'shapes:N' (generated), or the curve zoo: 'zoo' "
+        "(every family), 'zoo:FAMILY,...', 'zoo:held-out', 'zoo:tuned'."),
     nodes: str = typer.Option("0:128,0:512", help="Comma-separated node slices."),
     hours: float = typer.Option(24.0, help="Window length from the first submission."),
     setups: str = typer.Option("milp,milp+jpa,milp+jpa-nopriors,milp-linear,equal-share",
                                help="Comma-separated simulator setups."),
     noise: float = typer.Option(0.03, help="Relative noise of measured rates."),
     seed: int = typer.Option(0),
+    seeds: str = typer.Option("", help="Zoo only: seeds as '0-3' or '0,2' (default: --seed)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
 ) -> None:
     """Print samples trained vs the oracle, profiling share and curve MAPE per setup."""
     _check_bench_args(jobs=jobs, nodes=nodes, hours=hours, setups=setups, noise=noise)
     from malleparsl.data import load_jobset
     from malleparsl.traces import load_trace
+
+    if jobs == "zoo" or jobs.startswith("zoo:"):
+        _bench_zoo(trace, jobs, nodes, hours, setups, noise, seeds or str(seed), as_json)
+        return
 
     for sl in nodes.split(","):
         full = load_trace(trace, nodes=sl)
@@ -193,3 +204,33 @@ def bench_jpa(
                          f"{r['mape_decision']:>9.1%}" if "profiling_share" in r else f"{'':>31}")
                 typer.echo(f"{r['setup']:<20}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
                            f"{r['jobs_done']:>6}{r['rescales']:>9} {extra}{r['wall_s']:>8.1f}")
+
+
+def _bench_zoo(trace: str, jobs: str, nodes: str, hours: float, setups: str, noise: float,
+               seeds: str, as_json: bool) -> None:
+    from malleparsl.jpa.bench_zoo import (
+        format_table,
+        parse_families,
+        parse_seeds,
+        summarise,
+        zoo_rows,
+    )
+
+    def emit(r: dict) -> None:
+        if as_json:
+            typer.echo(json.dumps(_clean(r)))
+
+    names = setups.split(",")
+    rows = zoo_rows(trace=trace, families=parse_families(jobs), slices=nodes.split(","),
+                    seeds=parse_seeds(seeds), hours=hours, setups=names, noise=noise, emit=emit)
+    summary = summarise(rows)
+    if as_json:
+        for r in summary:
+            typer.echo(json.dumps(_clean(r)))
+    else:
+        typer.echo(format_table(summary, names))
+
+
+def _clean(r: dict) -> dict:
+    """Strict JSON: NaN and infinities become null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}

@@ -43,6 +43,7 @@ class CurveEstimate:
     fits: tuple[ModelParams, ...] = ()
     weights: tuple[float, ...] = ()
     model_sigma: np.ndarray | None = None  # the structures' spread alone (no measurement error)
+    model_free: bool = False  # no structure fits: measured points interpolated (see ground_truth)
 
     @property
     def n_max(self) -> int:
@@ -154,4 +155,76 @@ def merge(a: Samples, b: Samples) -> Samples:
         np.concatenate([a.nodes, b.nodes]),
         np.concatenate([a.rates, b.rates]),
         np.concatenate([a.weight, b.weight]),
+    )
+
+
+MISFIT_SIGMAS = 3.0
+"""A fitted mean this many standard errors off a measured point means no structure fits."""
+MISFIT_FLOOR = 0.04
+"""...and at least this far off (relative): a 2 % miss on a well-measured point is not a misfit."""
+GAP_SIGMA = 0.15
+"""Model-free uncertainty midway between two measured sizes, relative to the rate there."""
+BEYOND_SIGMA = 0.5
+"""Model-free uncertainty per doubling past the largest measured size, relative to its rate."""
+
+
+def misfit_sizes(est: CurveEstimate, own: Samples, *, noise_rel: float) -> list[int]:
+    """Measured sizes where the fitted mean disagrees with the measurement beyond its error."""
+    sig = max(noise_rel, MIN_NOISE)
+    bad = []
+    for n, r, w in zip(own.nodes, own.rates, own.weight):
+        k = int(n)
+        if k > est.n_max:
+            continue
+        tol = max(MISFIT_SIGMAS * sig / math.sqrt(max(float(w), 1.0)), MISFIT_FLOOR)
+        if abs(est.mean[k] / r - 1.0) > tol:
+            bad.append(k)
+    return bad
+
+
+def ground_truth(
+    est: CurveEstimate, pts: Samples, own: Samples | None, *, noise_rel: float
+) -> CurveEstimate:
+    """Measured points win over the fitted structures when they disagree.
+
+    When the weighted fit misses one of the job's own measured sizes by more than its error,
+    no structure describes this job: the estimate becomes model-free — the measured means
+    (``pts``: own readings and any prior's scaled points) joined linearly, with an explicit
+    uncertainty that is the measurement error at measured sizes, grows to :data:`GAP_SIGMA` of
+    the rate midway between them (plus half the step between neighbours: a dip or a peak may
+    hide there), and grows by :data:`BEYOND_SIGMA` of the last rate per doubling past the
+    largest measured size (the mean stays flat there: growth nobody measured is not assumed).
+    Otherwise the estimate is returned unchanged.
+    """
+    if own is None or not len(own) or not misfit_sizes(est, own, noise_rel=noise_rel):
+        return est
+    sig = max(noise_rel, MIN_NOISE)
+    sizes = np.unique(pts.nodes)
+    rates = np.array([np.average(pts.rates[pts.nodes == d], weights=pts.weight[pts.nodes == d])
+                      for d in sizes])
+    counts = np.array([pts.weight[pts.nodes == d].sum() for d in sizes])
+    se = rates * sig / np.sqrt(np.maximum(counts, 0.25))
+    n_max = est.n_max
+    n = np.arange(1, n_max + 1, dtype=float)
+    mean = np.interp(n, np.concatenate([[0.0], sizes]), np.concatenate([[0.0], rates]))
+    sd = np.interp(n, sizes, se)
+    # between measured sizes: a bump peaking midway
+    idx = np.clip(np.searchsorted(sizes, n), 1, max(sizes.size - 1, 1))
+    if sizes.size >= 2:
+        a, b = sizes[idx - 1], sizes[idx]
+        t = np.clip((n - a) / np.maximum(b - a, 1e-9), 0.0, 1.0)
+        bump = 4 * t * (1 - t) * (GAP_SIGMA * mean + 0.5 * np.abs(rates[idx] - rates[idx - 1]))
+        inside = (n > sizes[0]) & (n < sizes[-1])
+        sd = np.where(inside, np.sqrt(sd**2 + bump**2), sd)
+    below = n < sizes[0]
+    sd = np.where(below, np.maximum(sd, GAP_SIGMA * mean), sd)
+    beyond = n > sizes[-1]
+    grow = BEYOND_SIGMA * rates[-1] * np.log2(np.maximum(n / sizes[-1], 1.0))
+    sd = np.where(beyond, np.sqrt(sd**2 + grow**2), sd)
+    return CurveEstimate(
+        mean=np.concatenate([[0.0], mean]),
+        sigma=np.concatenate([[0.0], sd]),
+        measured=est.measured, fits=est.fits, weights=est.weights,
+        model_sigma=np.concatenate([[0.0], np.sqrt(np.maximum(sd**2 - np.interp(n, sizes, se)**2, 0))]),
+        model_free=True,
     )

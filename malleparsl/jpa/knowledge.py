@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from malleparsl.jpa.estimate import CurveEstimate, merge, pooled_noise, scaled_prior
+from malleparsl.jpa.estimate import CurveEstimate, ground_truth, merge, pooled_noise, scaled_prior
 from malleparsl.jpa.estimate import estimate as fit_estimate
 from malleparsl.jpa.models import Samples
 from malleparsl.model import JobSpec, ScalingCurve
@@ -54,6 +54,7 @@ class JobRecord:
     prior: CurveEstimate | None = None
     prior_weight: float = 0.5
     prior_is_user: bool = False
+    robust: bool = True  # measured points win over fits that miss them (model-free fallback)
     obs: dict[int, deque[float]] = field(default_factory=dict)
     dropped_zero: int = 0
     last_obs_s: float = -math.inf
@@ -61,6 +62,7 @@ class JobRecord:
     skip_left: int = 0
     version: int = 0
     attained_ns: float = 0.0
+    done_est: float = 0.0  # samples trained, integrated from the rates measured or predicted
     probe_ns: float = 0.0
     probe: Probe | None = None
     probe_failures: int = 0
@@ -181,6 +183,8 @@ class JobRecord:
         if own is not None:  # the own sizes are what the job really measured
             est = CurveEstimate(est.mean, est.sigma, tuple(self.measured_sizes), est.fits,
                                 est.weights, est.model_sigma)
+            if self.robust:
+                est = ground_truth(est, pts, own, noise_rel=noise)
         self._cache = (key, est)
         return est
 

@@ -355,7 +355,7 @@ class _Replay:
         runs, tot = self.runs.values(), self.totals
         job_rows = [
             (r.spec.job_id, r.spec.model, r.spec.submit_s, r.first_start_s, r.finished_s, r.done,
-             r.rescales, r.pause_s)
+             r.rescales, r.pause_s, r.spec.total_samples)
             for r in runs
         ]
         return SimResult(
@@ -379,7 +379,7 @@ class _Replay:
             sizes=pd.DataFrame(self.size_rows, columns=SIZE_COLUMNS),
             jobs=pd.DataFrame(job_rows, columns=[
                 "job", "model", "submit_s", "start_s", "finish_s", "samples", "rescales",
-                "pause_s",
+                "pause_s", "total_samples",
             ]),
             replans=int(tot["replans"]),
         )

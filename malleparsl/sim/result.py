@@ -70,6 +70,7 @@ class SimResult:
             "trace": self.trace,
             "hours": round(self.duration_s / 3600, 3),
             "samples": float(self.samples),
+            "progress": self.progress,
             "samples_per_s": float(self.samples / self.duration_s) if self.duration_s else 0.0,
             "pct_of_upper_bound": self.pct_of_upper_bound,
             "pct_of_capped_bound": self.pct_of_capped_bound,
@@ -90,6 +91,20 @@ class SimResult:
             "wall_s": float(self.wall_s),
             **self.extra,
         }
+
+    @property
+    def progress(self) -> float:
+        """Normalised progress: the sum over jobs of samples trained / the job's total samples.
+
+        Rates differ by orders of magnitude between models, so raw samples let one fast job
+        decide a total; here every job's whole training counts 1. Jobs without a finite total
+        count 0 (no fraction of them is defined).
+        """
+        if "total_samples" not in self.jobs.columns or self.jobs.empty:
+            return 0.0
+        tot = self.jobs["total_samples"].astype(float)
+        ok = np.isfinite(tot) & (tot > 0)
+        return float((self.jobs["samples"][ok] / tot[ok]).sum())
 
     def _completion_h(self) -> dict[str, float | None]:
         """``mean_jct_h``: mean submission-to-finish time of the finished jobs; ``last_finish_h``:

@@ -41,7 +41,12 @@ from malleparsl.apps.checkpoint import CheckpointStore
 from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
-from malleparsl.executors.protocol import RankInfo, progress_key, stop_key
+from malleparsl.executors.protocol import (
+    GroupBrokenError,
+    RankInfo,
+    progress_key,
+    stop_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +57,6 @@ class RescaleRequested(BaseException):  # noqa: N818 - a control-flow signal, li
     A ``BaseException`` so that a user's ``except Exception`` does not swallow it; the checkpoint
     is already written when it is raised.
     """
-
-
-class GroupBrokenError(RuntimeError):
-    """A collective failed because a peer rank died or left (its node was lost or it failed)."""
 
 
 class TrainContext:

@@ -59,6 +59,11 @@ class ControlLoop:
         A node that becomes ready while jobs run first rehearses their entries (or, without
         ``warm_rehearse``, imports them) and joins the plan after, so a grow does not pause
         the job for a cold start; see :mod:`malleparsl.executors.warmup`.
+    fail_grace_s, stop_timeout_s : float
+        Deadlines of a segment's ranks: after one rank failed, and after a stop was requested.
+        Ranks silent past them are hung: their nodes are killed and the job restarts from its
+        checkpoint without them. Keep ``stop_timeout_s`` above the ranks' collective timeout,
+        so ranks blocked on a hung peer fail (and are not taken for hung) first.
     observe_replan_s : float
         New rate measurements trigger a replan at most this often (node and job events
         replan at once), so a learning advisor can act on what it learned.
@@ -81,6 +86,7 @@ class ControlLoop:
         warm_rehearse: bool = True,
         release_grace_s: float = 10.0,
         fail_grace_s: float = 30.0,
+        stop_timeout_s: float = 120.0,
         max_restarts: int = 10,
         tfwd_s: float = 10.0,
         observe_replan_s: float = 5.0,
@@ -107,6 +113,7 @@ class ControlLoop:
         self._warmer: NodeWarmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put)
         self.release_grace_s = release_grace_s
         self.fail_grace_s = fail_grace_s
+        self.stop_timeout_s = stop_timeout_s
         self.max_restarts = max_restarts
         self.observe_replan_s = observe_replan_s
         self.clock = clock
@@ -184,7 +191,7 @@ class ControlLoop:
             executor=self.executor, store=self._store, store_host=self.store_host,
             store_port=self.store_port, ckpt_dir=ckpt_dir, post=self._queue.put,
             clock=self.clock, max_restarts=int(opts.get("max_restarts", self.max_restarts)),
-            fail_grace_s=self.fail_grace_s,
+            fail_grace_s=self.fail_grace_s, stop_timeout_s=self.stop_timeout_s,
         )
         self._queue.put(("submit", job))
         return job.future
@@ -293,6 +300,14 @@ class ControlLoop:
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
+            for node in set(job.last_hung) & set(self.executor.ready_nodes()):
+                # a hung rank (stopped, deadlocked) ignores SIGTERM while it holds the node's
+                # worker: SIGKILL the node's processes before its pilot is released below
+                log.warning("node %s holds a hung rank of job %s; killing it", node, job_id)
+                try:
+                    self.executor.kill_node(node)
+                except Exception:
+                    log.exception("kill of node %s failed", node)
             for node in set(gone) & set(self.executor.ready_nodes()):
                 # a rank died there but the executor still counts the node: do not keep an
                 # unplanned pilot (a node source may offer the node again later)

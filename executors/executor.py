@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import zmq
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import ManagerLost
 from parsl.jobs.states import JobState, JobStatus
@@ -45,6 +46,13 @@ from malleparsl.executors.nodes import (
     tolerant_error_handler,
 )
 from malleparsl.executors.protocol import as_entry
+from malleparsl.executors.watchdog import (
+    DeadlineError,
+    InterchangeLostError,
+    InterchangeWatchdog,
+    command_with_deadline,
+    send_with_deadline,
+)
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,10 @@ class MalleableExecutor(HighThroughputExecutor):
         gives a plain node-aware HTEX: ordinary apps and ``submit_to_node`` only.
     probe_timeout_s : a node whose probe (including ``warm_modules``) has not answered this
         long after its manager registered is released rather than waited on forever.
+    command_timeout_s, put_timeout_s : deadlines of a command to the interchange (the node
+        monitor's ``MANAGERS`` query) and of a task put; past them the interchange counts as
+        lost (see :mod:`malleparsl.executors.watchdog`).
+    watchdog_period_s : how often the watchdog checks that the interchange process lives.
     **htex_kwargs : any other ``HighThroughputExecutor`` argument. Heartbeats default to a 2 s
         period and a 10 s threshold (HTEX: 30 s / 120 s): a lost node should be noticed quickly.
 
@@ -96,6 +108,9 @@ class MalleableExecutor(HighThroughputExecutor):
         warm_modules: Sequence[str] = (),
         malleable: bool = True,
         probe_timeout_s: float = 300.0,
+        command_timeout_s: float = 60.0,
+        put_timeout_s: float = 60.0,
+        watchdog_period_s: float = 0.2,
         **htex_kwargs: Any,
     ) -> None:
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
@@ -126,6 +141,10 @@ class MalleableExecutor(HighThroughputExecutor):
         self.warm_modules = tuple(warm_modules)
         self.malleable = malleable
         self.probe_timeout_s = probe_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.put_timeout_s = put_timeout_s
+        self.watchdog_period_s = watchdog_period_s
+        self.watchdog: InterchangeWatchdog | None = None
         self.node_table = NodeTable()
         self.control: Any = None
         self._listeners: list[Listener] = []
@@ -133,6 +152,7 @@ class MalleableExecutor(HighThroughputExecutor):
         self._monitor_stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._put_lock = threading.Lock()
+        self._lost_lock = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -144,13 +164,24 @@ class MalleableExecutor(HighThroughputExecutor):
             raise
 
     def _start_malleable(self) -> None:
-        put = self.outgoing_q.put
+        sock = self.outgoing_q.zmq_socket
+        sock.setsockopt(zmq.LINGER, 0)  # shutdown must not wait for a dead interchange to read
 
         def locked_put(message: Any) -> None:  # ZMQ sockets are not thread-safe
-            with self._put_lock:
-                put(message)
+            try:
+                with self._put_lock:
+                    send_with_deadline(sock, message, timeout_s=self.put_timeout_s,
+                                       broken=self._broken)
+            except DeadlineError as exc:
+                self._interchange_lost(InterchangeLostError(str(exc)))
+                raise self.executor_exception from exc
 
         self.outgoing_q.put = locked_put  # type: ignore[method-assign]
+        self.watchdog = InterchangeWatchdog(
+            process=lambda: self.interchange_proc, on_lost=self._interchange_lost,
+            label=self.label, period_s=self.watchdog_period_s,
+        )
+        self.watchdog.start()
         self._monitor = threading.Thread(target=self._monitor_loop, name="malleparsl-nodes", daemon=True)
         self._monitor.start()
         if self.node_source is None and self.nodes:
@@ -179,6 +210,8 @@ class MalleableExecutor(HighThroughputExecutor):
         )
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()  # the interchange is about to be terminated on purpose
         if self.control is not None:
             try:
                 self.control.stop()
@@ -305,7 +338,9 @@ class MalleableExecutor(HighThroughputExecutor):
         with no node able to start, nobody should wait on them."""
         super().set_bad_state_and_fail_all(exception)
         if self.control is not None:
-            self.control.stop(why=f"the executor cannot start nodes: {exception}")
+            why = (str(exception) if isinstance(exception, InterchangeLostError)
+                   else f"the executor cannot start nodes: {exception}")
+            self.control.stop(why=why)
 
     def submit_to_node(self, node: NodeId, func: Callable, *args: Any, **kwargs: Any) -> Future:
         """Run ``func(*args, **kwargs)`` on ``node`` only.
@@ -337,7 +372,30 @@ class MalleableExecutor(HighThroughputExecutor):
         return rec
 
     def _drop_block(self, block_id: str) -> None:
-        self.outgoing_q.put({CONTROL_KEY: "drop_block", "block_id": block_id})
+        try:
+            self.outgoing_q.put({CONTROL_KEY: "drop_block", "block_id": block_id})
+        except InterchangeLostError as exc:  # its tasks failed with the executor already
+            log.debug("block %s not dropped: %s", block_id, exc)
+
+    def _broken(self) -> BaseException | None:
+        """The executor's fatal error, if any (also when the watchdog has not looked yet)."""
+        if self.bad_state_is_set:
+            return self.executor_exception
+        err = self.watchdog.check() if self.watchdog is not None else None
+        if err is not None:
+            self._interchange_lost(err)
+            return self.executor_exception
+        return None
+
+    def _interchange_lost(self, err: InterchangeLostError) -> None:
+        """Fail every task and job with ``err`` and refuse new ones (once)."""
+        if not self._lost_lock.acquire(blocking=False):
+            return  # another thread is failing everything already
+        try:
+            if not self.bad_state_is_set:
+                self.set_bad_state_and_fail_all(err)
+        finally:
+            self._lost_lock.release()
 
     def _cancel_blocks(self, block_ids: Sequence[str]) -> None:
         jobs = [self.blocks_to_job_id[b] for b in block_ids if b in self.blocks_to_job_id]
@@ -379,6 +437,8 @@ class MalleableExecutor(HighThroughputExecutor):
                 next_check = time.monotonic() + self.poll_period_s
                 try:
                     self._reconcile()
+                except InterchangeLostError as exc:
+                    self._interchange_lost(exc)
                 except Exception:
                     if not self._monitor_stop.is_set():
                         log.exception("node monitor failed to reconcile; retrying")
@@ -386,7 +446,8 @@ class MalleableExecutor(HighThroughputExecutor):
     def _reconcile(self) -> None:
         if self.bad_state_is_set:
             return
-        managers = self.connected_managers()
+        managers = command_with_deadline(self.command_client, "MANAGERS",
+                                         timeout_s=self.command_timeout_s)
         self.poll_facade()  # rate-limited by the provider's status_polling_interval
         terminal = [b for b, s in self._status.items() if s.terminal]
         to_probe, events = self.node_table.reconcile(managers, terminal)

@@ -42,6 +42,15 @@ class RankInfo:
         return f"malleparsl/{self.job_id}/seg{self.segment}/pg"
 
 
+class GroupBrokenError(RuntimeError):
+    """A collective failed because a peer rank died, hung or left (its node was lost or failed).
+
+    Ranks raise it (``from`` the backend's error) so the driver can tell by type that the rank
+    failed as a consequence of another one, not because of the user's code: gloo itself raises
+    a plain ``RuntimeError`` whose text is no contract. The apps layer re-exports it.
+    """
+
+
 def stop_key(job_id: str) -> str:
     """Driver sets this to the segment number (ASCII) that must stop at the next step boundary."""
     return f"malleparsl/{job_id}/stop"

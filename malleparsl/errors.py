@@ -30,6 +30,14 @@ class CheckpointError(MalleparslError, RuntimeError):
     """No usable checkpoint could be read."""
 
 
+class CheckpointWriteError(MalleparslError, OSError):
+    """A checkpoint could not be written (e.g. the disk is full); the previous one is kept.
+
+    A system error, not the user's: the executor fails the job with it instead of taking it
+    for a bug in the training code, and does not retry into the same full disk.
+    """
+
+
 class SchedulerCommandError(MalleparslError, RuntimeError):
     """A batch-scheduler command failed; carries its return code, stdout and stderr."""
 

@@ -22,6 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 from parsl.dataflow.dflow import DataFlowKernel  # noqa: E402
 
 from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
+from malleparsl.executors.faults import process_alive  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
 from malleparsl.executors.synthetic import synthetic_entry  # noqa: E402
 from malleparsl.executors.watchdog import InterchangeLostError  # noqa: E402
@@ -116,14 +117,7 @@ def test_sigstopped_rank_is_killed_and_the_job_finishes_without_its_node(live):
     assert victim not in job.history[1] and job.restarts == 1
     wait_for(lambda: victim not in ex.ready_nodes(), 60, "the hung node to be released")
 
-    def gone():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    wait_for(gone, 60, "the stopped worker to be killed")
+    wait_for(lambda: not process_alive(pid), 60, "the stopped worker to be killed")
     src.idle("node-10")  # top the pool back up for the next test
 
 

@@ -87,7 +87,8 @@ class Rig:
                                    timeout=datetime.timedelta(seconds=30))
 
     def top_up(self, timeout_s: float = 180.0) -> None:
-        """Lend fresh nodes until ``pool`` are ready and planned."""
+        """Lend fresh nodes until ``pool`` are alive; wait until 3 (a job's maximum) are ready
+        and planned, so the next job need not wait for a replacement pilot to start."""
         ex = self.ex
 
         def pending(name: str) -> bool:  # lent and not gone (maybe not even started yet)
@@ -98,9 +99,9 @@ class Rig:
         for _ in range(self.pool - len(self.lent)):
             self.lent.append(self.fresh_name())
             self.src.idle(self.lent[-1])
-        _wait(lambda: len(ex.ready_nodes()) >= self.pool
-              and set(ex.ready_nodes()) <= set(ex.control.controller.nodes),
-              timeout_s, f"{self.pool} ready nodes")
+        _wait(lambda: len(ex.ready_nodes()) >= 3
+              and len(set(ex.ready_nodes()) & set(ex.control.controller.nodes)) >= 3,
+              timeout_s, "3 ready nodes")
 
     def shutdown(self) -> bool:
         """Shut the executor down within the deadline; ``False`` means it hung."""
@@ -191,6 +192,8 @@ def run_one(rig: Rig, fault: Fault, index: int, rng: random.Random) -> dict[str,
         problems = fault.cleanup(rig, job)
         if problems:
             rec["survived"], rec["detail"] = False, "; ".join(problems)
+        if fault.note:
+            rec["detail"] += f"; {fault.note}"
     return rec
 
 

@@ -45,6 +45,7 @@ class Fault(ABC):
     expect_error: ClassVar[type[BaseException] | None] = None  # None: the right result
     error_text: ClassVar[str] = ""  # the expected error's message must contain this
     kills_executor: ClassVar[bool] = False  # the bench starts a new executor afterwards
+    note: str = ""  # what the fault saw, for the bench's record
     needs_tmpfs: ClassVar[bool] = False  # the job checkpoints to a small tmpfs
 
     @abstractmethod
@@ -226,4 +227,7 @@ class SolverTimeLimit(Fault):
 
     def cleanup(self, rig: Any, job: Any) -> list[str]:
         rig.ex.control.set_policy(rig.policy)
+        res = self.policy.last_result
+        self.note = (f"solver status {res.status!r}" if res is not None else "no solution") + (
+            ", fell back" if self.policy.last_fallback else "")
         return []

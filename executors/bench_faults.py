@@ -86,7 +86,7 @@ class Rig:
         self.store = dist.TCPStore("127.0.0.1", self.ex.control.store_port, None, False,
                                    timeout=datetime.timedelta(seconds=30))
 
-    def top_up(self, timeout_s: float = 180.0) -> None:
+    def top_up(self, timeout_s: float = 900.0) -> None:
         """Lend fresh nodes until ``pool`` are alive; wait until 3 (a job's maximum) are ready
         and planned, so the next job need not wait for a replacement pilot to start."""
         ex = self.ex
@@ -220,12 +220,26 @@ def _after_executor_fault(rig: Rig, rec: dict[str, Any]) -> None:
     rig.start()
 
 
+def make_plan(faults: int, names: list[str], rng: random.Random) -> list[str]:
+    """``faults`` names, round robin, shuffled. A fault that kills the executor costs a fresh
+    executor (minutes of pilot start-up on a loaded machine): it gets a third of a share."""
+    killers = [n for n in names if FAULTS[n].kills_executor]
+    others = [n for n in names if n not in killers] or killers
+    k = min(faults, max(1, round(faults / len(names) / 3))) if killers else 0
+    if not others or others == killers:
+        k = faults
+    plan = [killers[i % len(killers)] for i in range(k)]
+    plan += [others[i % len(others)] for i in range(faults - k)]
+    rng.shuffle(plan)
+    return plan
+
+
 def run_bench(*, faults: int, names: list[str], seed: int, pool: int = 4,
               gloo_timeout_s: float = 3.0, root: str | None = None) -> dict[str, Any]:
-    """Inject ``faults`` faults (round robin over ``names``, shuffled); return the summary."""
+    """Inject ``faults`` faults (see :func:`make_plan`); return the summary. Each record is
+    also appended to ``<root>/records.jsonl`` as it happens; Ctrl-C summarises those so far."""
     rng = random.Random(seed)
-    plan = [names[i % len(names)] for i in range(faults)]
-    rng.shuffle(plan)
+    plan = make_plan(faults, names, rng)
     root = root or tempfile.mkdtemp(prefix="malleparsl-faults-")
     rig = Rig(root, pool, gloo_timeout_s=gloo_timeout_s)
     if not rig.has_tmpfs and "disk-full" in plan:
@@ -233,6 +247,8 @@ def run_bench(*, faults: int, names: list[str], seed: int, pool: int = 4,
         plan = [p for p in plan if p != "disk-full"]
     records: list[dict[str, Any]] = []
     t_start = time.monotonic()
+    jsonl = os.path.join(root, "records.jsonl")
+    log.warning("fault bench: %d faults, records in %s", len(plan), jsonl)
     try:
         i = attempt = 0
         while i < len(plan):
@@ -244,9 +260,13 @@ def run_bench(*, faults: int, names: list[str], seed: int, pool: int = 4,
             if fault.kills_executor:
                 _after_executor_fault(rig, rec)
             records.append(rec)
+            with open(jsonl, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
             log.info("fault %d/%d %s: %s", i + 1, len(plan), rec["fault"], rec)
             i += 1
             rig.top_up()
+    except KeyboardInterrupt:
+        log.warning("interrupted after %d faults; summarising those", len(records))
     finally:
         closed = rig.close()
     return summarize(records, closed, time.monotonic() - t_start)

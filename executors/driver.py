@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from parsl.executors.errors import BadStateException
+
 from malleparsl.errors import CheckpointWriteError, MalleparslError
 from malleparsl.executors.protocol import (
     GroupBrokenError,
@@ -347,6 +349,13 @@ class MalleableJob:
             default=0.0,
         )
         self._record_first_step(seg)
+        broken = next((e for e in seg.errors.values() if isinstance(e, BadStateException)), None)
+        if broken is not None:  # the executor itself failed (e.g. its interchange died)
+            try:
+                raise JobAbortedError(f"job {self.job_id!r}: the executor failed: {broken}") from broken
+            except JobAbortedError as err:
+                self._resolve(exc=err)
+            return DriverEvent.FAILED
         system = next((e for e in seg.errors.values() if isinstance(e, CheckpointWriteError)), None)
         if system is not None:  # not the user's fault, and a retry would hit the same disk
             log.error("job %s: checkpoint write failed in segment %d: %s", self.job_id,

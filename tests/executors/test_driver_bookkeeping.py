@@ -18,6 +18,7 @@ from malleparsl.errors import CheckpointWriteError, SpecError
 from malleparsl.executors.bench_rescale import KeepAndFillPolicy
 from malleparsl.executors.driver import (
     DriverEvent,
+    JobAbortedError,
     JobState,
     MalleableJob,
     RankHungError,
@@ -469,3 +470,16 @@ def test_is_collateral_goes_by_type_only():
     assert is_collateral(GroupBrokenError("x"))
     assert not is_collateral(TimeoutError("timed out"))
     assert not is_collateral(RuntimeError("[gloo] Connection closed by peer"))
+
+
+def test_rank_failed_by_a_broken_executor_aborts_the_job_naming_the_cause(rig):
+    from parsl.executors.errors import BadStateException
+
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a"}))
+    owner = type("Ex", (), {"label": "malleable"})()
+    bad = BadStateException(owner, RuntimeError("the interchange was killed by SIGKILL"))
+    assert finish_segment(job, ex, posted, [bad]) == [DriverEvent.FAILED]
+    err = job.future.exception()
+    assert isinstance(err, JobAbortedError) and err.__cause__ is bad
+    assert "SIGKILL" in str(err) and job.restarts == 0

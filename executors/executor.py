@@ -381,11 +381,8 @@ class MalleableExecutor(HighThroughputExecutor):
         """The executor's fatal error, if any (also when the watchdog has not looked yet)."""
         if self.bad_state_is_set:
             return self.executor_exception
-        err = self.watchdog.check() if self.watchdog is not None else None
-        if err is not None:
-            self._interchange_lost(err)
-            return self.executor_exception
-        return None
+        # the watchdog thread fails everything within its period; this caller must not wait
+        return self.watchdog.check() if self.watchdog is not None else None
 
     def _interchange_lost(self, err: InterchangeLostError) -> None:
         """Fail every task and job with ``err`` and refuse new ones (once)."""

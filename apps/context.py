@@ -44,6 +44,7 @@ from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
 from malleparsl.executors.protocol import (
     DEFAULT_KEY_PREFIX,
+    GroupBrokenError,
     RankInfo,
     apply_rank_env,
     progress_key,
@@ -59,10 +60,6 @@ class RescaleRequested(BaseException):  # noqa: N818 - a control-flow signal, li
     A ``BaseException`` so that a user's ``except Exception`` does not swallow it; the checkpoint
     is already written when it is raised.
     """
-
-
-class GroupBrokenError(RuntimeError):
-    """A collective failed because a peer rank died or left (its node was lost or it failed)."""
 
 
 class TrainContext:

@@ -105,6 +105,7 @@ class ControlLoop:
         self._warmer: NodeWarmer = NodeWarmer(submit=executor.submit_to_node, post=self._queue_put)
         self.release_grace_s = opts.release_grace_s
         self.fail_grace_s = opts.fail_grace_s
+        self.stop_timeout_s = opts.stop_timeout_s
         self.max_restarts = opts.max_restarts
         self.observe_replan_s = opts.observe_replan_s
         self.clock = clock
@@ -191,7 +192,8 @@ class ControlLoop:
             executor=self.executor, store=self._store, store_host=self.store_host,
             store_port=self.store_port, ckpt_dir=ckpt_dir, post=self._queue.put,
             clock=self.clock, max_restarts=int(opts.get("max_restarts", self.max_restarts)),
-            fail_grace_s=self.fail_grace_s, key_prefix=self.key_prefix,
+            fail_grace_s=self.fail_grace_s, stop_timeout_s=self.stop_timeout_s,
+            key_prefix=self.key_prefix,
             ranks_per_node=self.options.ranks_per_node, rank_env=self.options.rank_env,
             backend=self.options.resolved_backend(),
         )
@@ -303,6 +305,14 @@ class ControlLoop:
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
+            for node in set(job.last_hung) & set(self.executor.ready_nodes()):
+                # a hung rank (stopped, deadlocked) ignores SIGTERM while it holds the node's
+                # worker: SIGKILL the node's processes before its pilot is released below
+                log.warning("node %s holds a hung rank of job %s; killing it", node, job_id)
+                try:
+                    self.executor.kill_node(node)
+                except Exception:
+                    log.exception("kill of node %s failed", node)
             for node in set(gone) & set(self.executor.ready_nodes()):
                 # a rank died there but the executor still counts the node: do not keep an
                 # unplanned pilot (a node source may offer the node again later)

@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from malleparsl.errors import MalleparslError
+from parsl.executors.errors import BadStateException
+
+from malleparsl.errors import CheckpointWriteError, MalleparslError
 from malleparsl.executors.protocol import (
     DEFAULT_KEY_PREFIX,
+    GroupBrokenError,
     RankInfo,
     SegmentOutcome,
     progress_key,
@@ -45,6 +48,15 @@ class RestartLimitError(MalleparslError, RuntimeError):
 
 class JobAbortedError(MalleparslError, RuntimeError):
     """The executor shut down (or the control loop died) before the job finished."""
+
+
+class RankHungError(MalleparslError, RuntimeError):
+    """Ranks neither returned nor failed within the deadline after a stop was requested; their
+    nodes were killed and the job restarted without them."""
+
+
+class SegmentLostError(MalleparslError, RuntimeError):
+    """A segment's node was reported lost (by the executor or the node source)."""
 
 
 class JobState(str, Enum):
@@ -100,6 +112,8 @@ class _Segment:
     lost: set[NodeId] = field(default_factory=set)  # nodes reported gone during this segment
     ranks_per_node: int = 1
     fail_deadline_s: float | None = None
+    stop_deadline_s: float | None = None  # a requested stop must be honoured by then
+    hung: set[NodeId] = field(default_factory=set)  # nodes whose ranks missed the deadline
     last_progress_time: float | None = None
 
     @property
@@ -124,14 +138,22 @@ def is_node_loss(exc: BaseException) -> bool:
     return any(t.__name__.endswith("Lost") for t in type(exc).__mro__)
 
 
-def _looks_collateral(exc: BaseException) -> bool:
-    """A rank error that is most likely a *consequence* of another rank failing (broken group)."""
-    names = {t.__name__ for t in type(exc).__mro__}
-    if names & {"GroupBrokenError", "DistError", "DistBackendError", "DistNetworkError",
-                 "DistStoreError"}:
+_TORCH_DIST_ERRORS = frozenset({"DistError", "DistBackendError", "DistNetworkError",
+                                "DistStoreError"})
+
+
+def is_collateral(exc: BaseException) -> bool:
+    """A rank error that is, by its *type*, a consequence of another rank failing.
+
+    :class:`~malleparsl.executors.protocol.GroupBrokenError` (raised by the apps layer and the
+    synthetic entry around every collective) and torch's ``torch.distributed.DistError``
+    family. Never decided from the message: a user's ``TimeoutError("... timed out")`` or a
+    ``RuntimeError`` that mentions gloo is the user's error and reaches the future.
+    """
+    if isinstance(exc, GroupBrokenError):
         return True
-    text = str(exc).lower()
-    return any(s in text for s in ("gloo", "connection closed", "connection reset", "timed out"))
+    return any(t.__name__ in _TORCH_DIST_ERRORS and t.__module__.startswith("torch")
+               for t in type(exc).__mro__)
 
 
 class MalleableJob:
@@ -176,6 +198,7 @@ class MalleableJob:
         clock: Callable[[], float] = time.time,
         max_restarts: int = 10,
         fail_grace_s: float = 30.0,
+        stop_timeout_s: float = 120.0,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         ranks_per_node: int = 1,
         rank_env: Callable[[int], dict[str, str]] | None = None,
@@ -196,6 +219,7 @@ class MalleableJob:
         self.clock = clock
         self.max_restarts = max_restarts
         self.fail_grace_s = fail_grace_s
+        self.stop_timeout_s = stop_timeout_s
         self.key_prefix = key_prefix
         self.ranks_per_node = ranks_per_node
         self.rank_env = rank_env or (lambda local_rank: {})
@@ -206,6 +230,7 @@ class MalleableJob:
         self.next_index = 0
         self.restarts = 0
         self.last_lost: frozenset[NodeId] = frozenset()  # nodes the last failed segment lost
+        self.last_hung: frozenset[NodeId] = frozenset()  # of those, nodes whose ranks hung
         self.rescales: list[RescaleRecord] = []
         self.history: list[tuple[NodeId, ...]] = []  # the nodes of every segment launched
         self._pending: RescaleRecord | None = None
@@ -238,6 +263,8 @@ class MalleableJob:
         seg = self.segment
         assert seg is not None  # noqa: S101 - internal invariant
         self.state = JobState.STOPPING
+        if seg.stop_deadline_s is None:
+            seg.stop_deadline_s = self.clock() + self.stop_timeout_s
         self.store.set(stop_key(self.job_id, self.key_prefix), str(seg.index))
         log.info("job %s: stop requested for segment %d", self.job_id, seg.index)
 
@@ -329,33 +356,50 @@ class MalleableJob:
         return None
 
     def tick(self) -> DriverEvent | None:
-        """Give up waiting for ranks that neither return nor fail after a failure."""
+        """Enforce the deadlines: ranks still silent ``fail_grace_s`` after a failure, or
+        ``stop_timeout_s`` after a stop request, are hung; their nodes count as lost (the
+        control loop kills them) and the job restarts from its checkpoint without them."""
         seg = self.segment
-        if (
-            self.state is not JobState.DONE
-            and seg is not None
-            and seg.fail_deadline_s is not None
-            and self.clock() > seg.fail_deadline_s
-        ):
-            log.warning("job %s: %d rank(s) of segment %d still silent after %.0f s; concluding",
-                        self.job_id, seg.world_size - seg.resolved, seg.index, self.fail_grace_s)
-            return self._conclude(seg)
-        return None
+        if self.state is JobState.DONE or seg is None:
+            return None
+        deadlines = [d for d in (seg.fail_deadline_s, seg.stop_deadline_s) if d is not None]
+        if not deadlines or self.clock() <= min(deadlines):
+            return None
+        silent = [r for r in range(seg.world_size) if r not in seg.outcomes and r not in seg.errors]
+        seg.hung = {seg.node_of(r) for r in silent}
+        log.warning("job %s: rank(s) %s of segment %d on %s missed their deadline; killing the "
+                    "segment and restarting without those nodes", self.job_id, silent, seg.index,
+                    sorted(seg.hung))
+        return self._conclude(seg)
 
     def _conclude(self, seg: _Segment) -> DriverEvent:
         self.segment = None
         lost_ranks = [r for r in seg.error_order if is_node_loss(seg.errors[r])]
-        lost = {seg.node_of(r) for r in lost_ranks} | seg.lost
+        lost = {seg.node_of(r) for r in lost_ranks} | seg.lost | seg.hung
         self._last_save_s = max(
             (float(getattr(o, "ckpt_save_s", 0.0) or 0.0) for o in seg.outcomes.values()),
             default=0.0,
         )
         self._record_first_step(seg)
+        broken = next((e for e in seg.errors.values() if isinstance(e, BadStateException)), None)
+        if broken is not None:  # the executor itself failed (e.g. its interchange died)
+            try:
+                raise JobAbortedError(f"job {self.job_id!r}: the executor failed: {broken}") from broken
+            except JobAbortedError as err:
+                self._resolve(exc=err)
+            return DriverEvent.FAILED
+        system = next((e for e in seg.errors.values() if isinstance(e, CheckpointWriteError)), None)
+        if system is not None:  # not the user's fault, and a retry would hit the same disk
+            log.error("job %s: checkpoint write failed in segment %d: %s", self.job_id,
+                      seg.index, system)
+            self._resolve(exc=system)
+            return DriverEvent.FAILED
         if seg.errors or lost:
-            # a group that broke with no user error (every rank saw only gloo/timeout errors,
-            # e.g. a peer preempted before the driver heard of it) is a loss too: restart
-            # from the checkpoint rather than fail the job for something the user did not do
-            only_collateral = all(_looks_collateral(seg.errors[r]) for r in seg.error_order)
+            # a group that broke with no user error (every rank failed with a broken-group
+            # type, e.g. a peer preempted before the driver heard of it) is a loss too: restart
+            # from the checkpoint rather than fail the job for something the user did not do.
+            # Errors of other types with no node known lost are the user's.
+            only_collateral = all(is_collateral(seg.errors[r]) for r in seg.error_order)
             if lost or lost_ranks or (seg.errors and only_collateral):
                 return self._restart_after_loss(seg, lost)
             primary = self._primary_error(seg)
@@ -371,26 +415,46 @@ class MalleableJob:
 
     def _restart_after_loss(self, seg: _Segment, lost: set[NodeId]) -> DriverEvent:
         self.restarts += 1
-        first = next((seg.errors[r] for r in seg.error_order if is_node_loss(seg.errors[r])), None)
         if self.restarts > self.max_restarts:
-            err = RestartLimitError(
-                f"job {self.job_id!r} lost nodes {self.restarts} times (max_restarts="
-                f"{self.max_restarts}); raise max_restarts in its malleable options to keep going"
-            )
-            err.__cause__ = first
-            self._resolve(exc=err)
+            cause = self._loss_cause(seg, lost)
+            try:
+                raise RestartLimitError(
+                    f"job {self.job_id!r} lost nodes {self.restarts} times (max_restarts="
+                    f"{self.max_restarts}); the last time: {cause}; raise max_restarts in its "
+                    "malleable options to keep going"
+                ) from cause
+            except RestartLimitError as err:
+                self._resolve(exc=err)
             return DriverEvent.FAILED
         log.warning("job %s: segment %d lost node(s) %s; restarting from the last checkpoint",
                     self.job_id, seg.index, sorted(lost))
         self.last_lost = frozenset(lost)
+        self.last_hung = frozenset(seg.hung)
         self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
         self.state = JobState.WAITING
         return DriverEvent.LOST
 
+    def _loss_cause(self, seg: _Segment, lost: set[NodeId]) -> BaseException:
+        """What ended the segment: a node-loss error, the hung ranks, or the first rank error."""
+        errs = [seg.errors[r] for r in seg.error_order]
+        first = next((e for e in errs if is_node_loss(e)), None)
+        if first is not None:
+            return first
+        if seg.hung:
+            return RankHungError(
+                f"job {self.job_id!r} segment {seg.index}: the rank(s) on {sorted(seg.hung)} "
+                "neither returned nor failed within the deadline (stop_timeout_s / fail_grace_s)"
+            )
+        if errs:
+            return errs[0]
+        return SegmentLostError(
+            f"job {self.job_id!r} segment {seg.index}: node(s) {sorted(lost)} reported lost"
+        )
+
     def _primary_error(self, seg: _Segment) -> BaseException:
         """The user's own exception: the first error that is not a broken-group consequence."""
         errs = [seg.errors[r] for r in seg.error_order]
-        return next((e for e in errs if not _looks_collateral(e)), errs[0])
+        return next((e for e in errs if not is_collateral(e)), errs[0])
 
     def _record_first_step(self, seg: _Segment) -> None:
         for rec in self.rescales:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import zmq
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import ManagerLost
 from parsl.jobs.states import JobState, JobStatus
@@ -49,6 +50,13 @@ from malleparsl.executors.nodes import (
 from malleparsl.executors.options import ControlOptions
 from malleparsl.executors.protocol import as_entry
 from malleparsl.executors.snapshot import ControlSnapshot
+from malleparsl.executors.watchdog import (
+    DeadlineError,
+    InterchangeLostError,
+    InterchangeWatchdog,
+    command_with_deadline,
+    send_with_deadline,
+)
 from malleparsl.model import NodeId
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,10 @@ class MalleableExecutor(HighThroughputExecutor):
         ``poll_period_s`` given here override its fields of the same name.
     address : as for HTEX: the address nodes reach the interchange at. The rendezvous store
         listens on it too (only there), unless ``control.store_address`` names another.
+    command_timeout_s, put_timeout_s : deadlines of a command to the interchange (the node
+        monitor's ``MANAGERS`` query) and of a task put; past them the interchange counts as
+        lost (see :mod:`malleparsl.executors.watchdog`).
+    watchdog_period_s : how often the watchdog checks that the interchange process lives.
     **htex_kwargs : any other ``HighThroughputExecutor`` argument. Heartbeats default to a 2 s
         period and a 10 s threshold (HTEX: 30 s / 120 s): a lost node should be noticed quickly.
 
@@ -108,6 +120,9 @@ class MalleableExecutor(HighThroughputExecutor):
         malleable: bool = True,
         probe_timeout_s: float = 300.0,
         control: ControlOptions | None = None,
+        command_timeout_s: float = 60.0,
+        put_timeout_s: float = 60.0,
+        watchdog_period_s: float = 0.2,
         **htex_kwargs: Any,
     ) -> None:
         control = control if control is not None else ControlOptions()
@@ -155,6 +170,10 @@ class MalleableExecutor(HighThroughputExecutor):
         self.warm_modules = tuple(warm_modules)
         self.malleable = malleable
         self.probe_timeout_s = probe_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.put_timeout_s = put_timeout_s
+        self.watchdog_period_s = watchdog_period_s
+        self.watchdog: InterchangeWatchdog | None = None
         self.node_table = NodeTable()
         self.control: Any = None
         self._listeners: list[Listener] = []
@@ -162,6 +181,7 @@ class MalleableExecutor(HighThroughputExecutor):
         self._monitor_stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._put_lock = threading.Lock()
+        self._lost_lock = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -173,13 +193,24 @@ class MalleableExecutor(HighThroughputExecutor):
             raise
 
     def _start_malleable(self) -> None:
-        put = self.outgoing_q.put
+        sock = self.outgoing_q.zmq_socket
+        sock.setsockopt(zmq.LINGER, 0)  # shutdown must not wait for a dead interchange to read
 
         def locked_put(message: Any) -> None:  # ZMQ sockets are not thread-safe
-            with self._put_lock:
-                put(message)
+            try:
+                with self._put_lock:
+                    send_with_deadline(sock, message, timeout_s=self.put_timeout_s,
+                                       broken=self._broken)
+            except DeadlineError as exc:
+                self._interchange_lost(InterchangeLostError(str(exc)))
+                raise self.executor_exception from exc
 
         self.outgoing_q.put = locked_put  # type: ignore[method-assign]
+        self.watchdog = InterchangeWatchdog(
+            process=lambda: self.interchange_proc, on_lost=self._interchange_lost,
+            label=self.label, period_s=self.watchdog_period_s,
+        )
+        self.watchdog.start()
         self._monitor = threading.Thread(target=self._monitor_loop, name="malleparsl-nodes", daemon=True)
         self._monitor.start()
         if self.node_source is None and self.nodes:
@@ -213,6 +244,8 @@ class MalleableExecutor(HighThroughputExecutor):
         return ctl.snapshot() if ctl is not None else ControlSnapshot()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()  # the interchange is about to be terminated on purpose
         if self.control is not None:
             try:
                 self.control.stop()
@@ -339,7 +372,9 @@ class MalleableExecutor(HighThroughputExecutor):
         with no node able to start, nobody should wait on them."""
         super().set_bad_state_and_fail_all(exception)
         if self.control is not None:
-            self.control.stop(why=f"the executor cannot start nodes: {exception}")
+            why = (str(exception) if isinstance(exception, InterchangeLostError)
+                   else f"the executor cannot start nodes: {exception}")
+            self.control.stop(why=why)
 
     def submit_to_node(self, node: NodeId, func: Callable, *args: Any, **kwargs: Any) -> Future:
         """Run ``func(*args, **kwargs)`` on ``node`` only.
@@ -371,7 +406,27 @@ class MalleableExecutor(HighThroughputExecutor):
         return rec
 
     def _drop_block(self, block_id: str) -> None:
-        self.outgoing_q.put({CONTROL_KEY: "drop_block", "block_id": block_id})
+        try:
+            self.outgoing_q.put({CONTROL_KEY: "drop_block", "block_id": block_id})
+        except InterchangeLostError as exc:  # its tasks failed with the executor already
+            log.debug("block %s not dropped: %s", block_id, exc)
+
+    def _broken(self) -> BaseException | None:
+        """The executor's fatal error, if any (also when the watchdog has not looked yet)."""
+        if self.bad_state_is_set:
+            return self.executor_exception
+        # the watchdog thread fails everything within its period; this caller must not wait
+        return self.watchdog.check() if self.watchdog is not None else None
+
+    def _interchange_lost(self, err: InterchangeLostError) -> None:
+        """Fail every task and job with ``err`` and refuse new ones (once)."""
+        if not self._lost_lock.acquire(blocking=False):
+            return  # another thread is failing everything already
+        try:
+            if not self.bad_state_is_set:
+                self.set_bad_state_and_fail_all(err)
+        finally:
+            self._lost_lock.release()
 
     def _cancel_blocks(self, block_ids: Sequence[str]) -> None:
         jobs = [self.blocks_to_job_id[b] for b in block_ids if b in self.blocks_to_job_id]
@@ -413,6 +468,8 @@ class MalleableExecutor(HighThroughputExecutor):
                 next_check = time.monotonic() + self.poll_period_s
                 try:
                     self._reconcile()
+                except InterchangeLostError as exc:
+                    self._interchange_lost(exc)
                 except Exception:
                     if not self._monitor_stop.is_set():
                         log.exception("node monitor failed to reconcile; retrying")
@@ -420,7 +477,8 @@ class MalleableExecutor(HighThroughputExecutor):
     def _reconcile(self) -> None:
         if self.bad_state_is_set:
             return
-        managers = self.connected_managers()
+        managers = command_with_deadline(self.command_client, "MANAGERS",
+                                         timeout_s=self.command_timeout_s)
         self.poll_facade()  # rate-limited by the provider's status_polling_interval
         terminal = [b for b, s in compat.block_status(self).items() if s.terminal]
         to_probe, events = self.node_table.reconcile(managers, terminal)

@@ -45,7 +45,10 @@ class ControlOptions:
     Timing
         ``poll_period_s`` (control tick), ``release_grace_s`` (a taken node's pilot is released
         at the latest this long after it left the plan), ``fail_grace_s`` (after a rank failed
-        or a node was lost, silent ranks are given up on after this), ``max_restarts`` (node
+        or a node was lost, silent ranks are given up on after this), ``stop_timeout_s`` (a
+        requested stop not honoured this long after is a hang: the silent ranks' nodes are
+        killed and the job restarts without them; keep it above the ranks' collective timeout),
+        ``max_restarts`` (node
         losses a job survives), ``observe_replan_s`` (rate measurements replan at most this
         often), ``tfwd_s`` (the allocator's horizon), ``max_active`` (jobs run at once).
     Warm-up
@@ -64,6 +67,7 @@ class ControlOptions:
     poll_period_s: float = 0.5
     release_grace_s: float = 10.0
     fail_grace_s: float = 30.0
+    stop_timeout_s: float = 120.0
     max_restarts: int = 10
     observe_replan_s: float = 5.0
     tfwd_s: float = 10.0
@@ -76,7 +80,7 @@ class ControlOptions:
     def __post_init__(self) -> None:
         for name in ("poll_period_s", "warm_timeout_s", "tfwd_s"):
             _positive(name, getattr(self, name))
-        for name in ("release_grace_s", "fail_grace_s", "observe_replan_s"):
+        for name in ("release_grace_s", "fail_grace_s", "stop_timeout_s", "observe_replan_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or math.isinf(v):
                 raise SpecError(f"{name} must be a finite number >= 0 seconds, got {v!r}")

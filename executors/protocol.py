@@ -58,6 +58,15 @@ class RankInfo:
         return progress_key(self.job_id, self.segment, self.key_prefix)
 
 
+class GroupBrokenError(RuntimeError):
+    """A collective failed because a peer rank died, hung or left (its node was lost or failed).
+
+    Ranks raise it (``from`` the backend's error) so the driver can tell by type that the rank
+    failed as a consequence of another one, not because of the user's code: gloo itself raises
+    a plain ``RuntimeError`` whose text is no contract. The apps layer re-exports it.
+    """
+
+
 def stop_key(job_id: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """Driver sets this to the segment number (ASCII) that must stop at the next step boundary."""
     return f"{prefix}/{job_id}/stop"

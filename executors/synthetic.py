@@ -19,7 +19,13 @@ import os
 import time
 from typing import Any
 
-from malleparsl.executors.protocol import RankInfo, SegmentOutcome, apply_rank_env
+from malleparsl.errors import CheckpointError, CheckpointWriteError
+from malleparsl.executors.protocol import (
+    GroupBrokenError,
+    RankInfo,
+    SegmentOutcome,
+    apply_rank_env,
+)
 
 STATE_FILE = "synthetic_state.json"
 
@@ -29,21 +35,60 @@ class SyntheticFailure(RuntimeError):
 
 
 def _load(ckpt_dir: str) -> dict[str, Any]:
+    """The newest readable state: the last checkpoint, else the one before it (kept as
+    ``.prev`` by :func:`_save`), else a fresh start when neither exists.
+
+    A corrupt or truncated file with no readable predecessor raises ``CheckpointError``
+    naming it: resuming from scratch would silently count steps twice.
+    """
     path = os.path.join(ckpt_dir, STATE_FILE)
-    if not os.path.exists(path):
-        return {"step": 0, "total": 0.0, "sizes": []}
-    with open(path) as fh:
-        return json.load(fh)
+    bad: list[str] = []
+    for p in (path, path + ".prev"):
+        if not os.path.exists(p):
+            continue
+        try:
+            with open(p) as fh:
+                state = json.load(fh)
+            if not isinstance(state, dict) or not {"step", "total", "sizes"} <= state.keys():
+                raise ValueError("missing step/total/sizes")
+            return state
+        except (OSError, ValueError) as exc:
+            bad.append(f"{p}: {exc}")
+    if bad:
+        raise CheckpointError(f"no readable checkpoint in {ckpt_dir}: " + "; ".join(bad))
+    return {"step": 0, "total": 0.0, "sizes": []}
 
 
 def _save(ckpt_dir: str, state: dict[str, Any]) -> None:
+    """Write atomically (temporary file, fsync, rename): a failed write keeps the old state."""
     path = os.path.join(ckpt_dir, STATE_FILE)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if os.path.exists(path):
+            os.replace(path, path + ".prev")  # keep one predecessor for a corrupt newest file
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointWriteError(
+            f"could not write checkpoint {path} ({exc.strerror or exc}); the previous "
+            "checkpoint, if any, is kept"
+        ) from exc
+
+
+def _wait(work: Any, what: str, info: RankInfo) -> None:
+    """Wait for a collective; a peer that died, hung or left raises ``GroupBrokenError``."""
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        raise GroupBrokenError(
+            f"{what} failed on rank {info.rank}/{info.world_size} of job {info.job_id!r} "
+            f"segment {info.segment}: {exc}"
+        ) from exc
 
 
 def synthetic_entry(
@@ -57,6 +102,7 @@ def synthetic_entry(
     progress_every_s: float = 0.5,
     finish_key: str | None = None,
     timeout_s: float = 30.0,
+    fail_error: BaseException | None = None,
 ) -> SegmentOutcome:
     """Run one segment of a synthetic training job; see the module docstring.
 
@@ -64,6 +110,8 @@ def synthetic_entry(
     :class:`SyntheticFailure` when the job reaches that step, to test user exceptions.
     ``finish_key``: the job also finishes (at a step boundary) once this store key exists,
     so a test can end an open-ended job when it has seen what it wanted.
+    ``fail_error``: raise this exception instead of :class:`SyntheticFailure` (a user's own
+    ``TimeoutError``, say).
     """
     import torch
     import torch.distributed as dist
@@ -93,14 +141,14 @@ def synthetic_entry(
                     flag.fill_(1.0)
                 elif finish_key and root.check([finish_key]):
                     flag.fill_(2.0)
-            pg.broadcast(flag, 0).wait()
+            _wait(pg.broadcast(flag, 0), "broadcast", info)
             if flag.item() == 2.0:
                 break
             if flag.item() == 1.0:
                 t1 = time.perf_counter()
                 if info.rank == 0:
                     _save(info.ckpt_dir, {**state, "step": step, "total": total})
-                pg.barrier().wait()
+                _wait(pg.barrier(), "barrier", info)
                 save_s = time.perf_counter() - t1
                 return SegmentOutcome(
                     "stopped", info.rank, step, step, _rate(steps_here, t_start),
@@ -108,9 +156,11 @@ def synthetic_entry(
                     ckpt_save_s=save_s, ckpt_load_s=load_s,
                 )
             if step == fail_at_step and info.rank == fail_rank % info.world_size:
+                if fail_error is not None:
+                    raise fail_error
                 raise SyntheticFailure(f"synthetic failure at step {step} on rank {info.rank}")
             buf = ones.clone()
-            pg.allreduce([buf]).wait()
+            _wait(pg.allreduce([buf]), "allreduce", info)
             time.sleep(step_s / info.world_size)
             total += float(buf[0]) / info.world_size
             step += 1
@@ -128,7 +178,7 @@ def synthetic_entry(
                 }))
         if info.rank == 0:
             _save(info.ckpt_dir, {**state, "step": step, "total": total})
-        pg.barrier().wait()
+        _wait(pg.barrier(), "barrier", info)
         result = {"steps": step, "total": total, "sizes": state["sizes"], "starts": state["starts"]}
         return SegmentOutcome(
             "finished", info.rank, step, step, _rate(steps_here, t_start),

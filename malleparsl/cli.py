@@ -36,6 +36,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     (None, "simulate", "malleparsl.sim.cli:simulate"),
     ("bench", "allocator", "malleparsl.allocator.bench:bench_allocator"),
     ("bench", "executor", "malleparsl.executors.bench:bench_executor"),
+    ("bench", "faults", "malleparsl.executors.bench_faults:bench_faults"),
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
     ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
     ("bench", "decisions", "malleparsl.sim.bench_decisions:bench_decisions"),

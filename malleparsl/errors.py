@@ -30,6 +30,14 @@ class CheckpointError(MalleparslError, RuntimeError):
     """No usable checkpoint could be read."""
 
 
+class CheckpointWriteError(MalleparslError, OSError):
+    """A checkpoint could not be written (e.g. the disk is full); the previous one is kept.
+
+    A system error, not the user's: the executor fails the job with it instead of taking it
+    for a bug in the training code, and does not retry into the same full disk.
+    """
+
+
 class SchedulerCommandError(MalleparslError, RuntimeError):
     """A batch-scheduler command failed; carries its return code, stdout and stderr."""
 
@@ -50,9 +58,3 @@ def unknown_name(kind: str, name: str, valid: object) -> UnknownNameError:
     names = ", ".join(sorted(str(v) for v in valid))  # type: ignore[attr-defined]
     return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {names}")
 
-
-class CheckpointWriteError(MalleparslError, RuntimeError):
-    """A checkpoint could not be written (e.g. the disk is full); the previous one is kept.
-
-    A system fault, not a bug in the user's training code: the job's driver may retry elsewhere.
-    """

@@ -14,18 +14,21 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.controller import JobState as CtlJobState
-from malleparsl.errors import SpecError
+from malleparsl.errors import CheckpointWriteError, SpecError
 from malleparsl.executors.bench_rescale import KeepAndFillPolicy
 from malleparsl.executors.driver import (
     DriverEvent,
+    JobAbortedError,
     JobState,
     MalleableJob,
+    RankHungError,
     RestartLimitError,
+    is_collateral,
     is_node_loss,
 )
 from malleparsl.executors.manual_source import ManualNodeSource
 from malleparsl.executors.planning import LinearPlaceholderAdvisor, build_policy, spec_from_options
-from malleparsl.executors.protocol import SegmentOutcome, stop_key
+from malleparsl.executors.protocol import GroupBrokenError, SegmentOutcome, stop_key
 from malleparsl.model import Allocation, JobSpec
 
 
@@ -147,7 +150,7 @@ def test_user_exception_wins_over_collateral_gloo_errors_and_is_not_relaunched(r
     job, ex, _, posted, _ = rig
     job.reconcile(frozenset({"a", "b", "c"}))
     boom = ValueError("bad learning rate")
-    gloo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242")
+    gloo = GroupBrokenError("[gloo] Connection closed by peer [127.0.0.1]:4242")
     evs = finish_segment(job, ex, posted, [gloo, boom, out("stopped", 2)])
     assert evs == [DriverEvent.FAILED]
     with pytest.raises(ValueError, match="bad learning rate"):
@@ -162,7 +165,8 @@ def test_group_broken_with_only_gloo_errors_restarts_from_checkpoint_not_fails(r
     job, ex, _, posted, _ = rig
     job.reconcile(frozenset({"a", "b"}))
     evs = finish_segment(
-        job, ex, posted, [RuntimeError("[gloo] Timed out waiting"), RuntimeError("gloo: Timed out")]
+        job, ex, posted,
+        [GroupBrokenError("[gloo] Timed out waiting"), GroupBrokenError("gloo: Timed out")],
     )
     assert evs == [DriverEvent.LOST] and job.restarts == 1 and not job.future.done()
     job.reconcile(frozenset({"a", "b"}))
@@ -382,3 +386,100 @@ def test_rehearse_entry_runs_the_real_entry_in_a_scratch_dir_until_told_to_stop(
     t.join()
     assert out["status"] == "stopped" and out["seconds"] > 0  # stopped by its key, not its end
     assert list(tmp_path.iterdir()) == []  # the scratch checkpoint directory is gone
+
+
+# ---- errors by type, not text; deadlines (issue 12) ------------------------------------------
+@pytest.mark.parametrize("user_error", [
+    TimeoutError("the data loader timed out"),
+    RuntimeError("my own gloo wrapper: connection reset"),
+])
+def test_user_error_whose_text_looks_like_a_broken_group_fails_the_job_unretried(rig, user_error):
+    # regression: the driver matched "timed out"/"gloo" in messages and relaunched user errors
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    peer = GroupBrokenError("allreduce failed: Connection closed by peer")
+    evs = finish_segment(job, ex, posted, [user_error, peer])
+    assert evs == [DriverEvent.FAILED] and job.restarts == 0
+    assert job.future.exception() is user_error
+    job.reconcile(frozenset({"a", "b"}))
+    assert len(ex.calls) == 2
+
+
+def test_untyped_errors_with_a_node_known_lost_restart(rig):
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    job.node_lost("b")
+    evs = finish_segment(job, ex, posted, [RuntimeError("[gloo] reset"), RuntimeError("gone")])
+    assert evs == [DriverEvent.LOST] and job.last_lost == {"b"} and not job.future.done()
+
+
+def test_restart_limit_after_broken_groups_carries_the_last_cause(rig):
+    # regression: with no ManagerLost among the errors the RestartLimitError had no __cause__
+    job, ex, _, posted, _ = rig
+    for i in range(3):
+        job.reconcile(frozenset({"a", "b"}))
+        evs = finish_segment(job, ex, posted, [GroupBrokenError(f"broken {i}"),
+                                               GroupBrokenError(f"broken {i}")])
+    assert evs == [DriverEvent.FAILED]
+    err = job.future.exception()
+    assert isinstance(err, RestartLimitError) and isinstance(err.__cause__, GroupBrokenError)
+    assert "broken 2" in str(err.__cause__) and "broken 2" in str(err)
+
+
+def test_a_stop_not_honoured_in_time_restarts_without_the_hung_node(rig):
+    job, ex, store, posted, clock = rig
+    job.stop_timeout_s = 60.0
+    job.reconcile(frozenset({"a", "b", "c"}))
+    job.reconcile(frozenset({"a", "b"}))  # shrink: stop requested
+    assert job.state is JobState.STOPPING
+    ex.calls[0][4].set_result(out("stopped", 0))
+    ex.calls[1][4].set_result(out("stopped", 1))
+    for ev in posted:
+        assert job.on_rank_done(*ev[2:]) is None  # rank 2 (on c) never answers
+    posted.clear()
+    clock.t += 59.0
+    assert job.tick() is None
+    clock.t += 2.0
+    assert job.tick() is DriverEvent.LOST
+    assert job.last_hung == {"c"} and "c" in job.last_lost and job.state is JobState.WAITING
+
+
+def test_hung_rank_at_the_restart_limit_names_the_hang_as_cause(rig):
+    job, ex, _, posted, clock = rig
+    job.max_restarts = 0
+    job.reconcile(frozenset({"a", "b"}))
+    ex.calls[0][4].set_exception(GroupBrokenError("peer silent"))
+    assert job.on_rank_done(*posted.pop()[2:]) is None
+    clock.t += 6.0  # past fail_grace_s
+    assert job.tick() is DriverEvent.FAILED
+    err = job.future.exception()
+    assert isinstance(err, RestartLimitError) and isinstance(err.__cause__, RankHungError)
+    assert "'b'" in str(err.__cause__)
+
+
+def test_checkpoint_write_error_fails_the_job_as_a_system_error_not_retried(rig):
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a", "b"}))
+    full = CheckpointWriteError("could not write checkpoint: No space left on device")
+    evs = finish_segment(job, ex, posted, [GroupBrokenError("peer failed"), full])
+    assert evs == [DriverEvent.FAILED] and job.restarts == 0
+    assert job.future.exception() is full
+
+
+def test_is_collateral_goes_by_type_only():
+    assert is_collateral(GroupBrokenError("x"))
+    assert not is_collateral(TimeoutError("timed out"))
+    assert not is_collateral(RuntimeError("[gloo] Connection closed by peer"))
+
+
+def test_rank_failed_by_a_broken_executor_aborts_the_job_naming_the_cause(rig):
+    from parsl.executors.errors import BadStateException
+
+    job, ex, _, posted, _ = rig
+    job.reconcile(frozenset({"a"}))
+    owner = type("Ex", (), {"label": "malleable"})()
+    bad = BadStateException(owner, RuntimeError("the interchange was killed by SIGKILL"))
+    assert finish_segment(job, ex, posted, [bad]) == [DriverEvent.FAILED]
+    err = job.future.exception()
+    assert isinstance(err, JobAbortedError) and err.__cause__ is bad
+    assert "SIGKILL" in str(err) and job.restarts == 0

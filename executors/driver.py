@@ -356,20 +356,32 @@ class MalleableJob:
         return None
 
     def tick(self) -> DriverEvent | None:
-        """Enforce the deadlines: ranks still silent ``fail_grace_s`` after a failure, or
-        ``stop_timeout_s`` after a stop request, are hung; their nodes count as lost (the
-        control loop kills them) and the job restarts from its checkpoint without them."""
+        """Enforce the deadlines: ranks still silent ``stop_timeout_s`` after a stop request,
+        or ``fail_grace_s`` after a failure that no lost node explains, are hung; their nodes
+        count as lost (the control loop kills them) and the job restarts from its checkpoint
+        without them. Ranks silent after a node was lost are most likely blocked in a
+        collective with the lost peer (until their collective timeout): the segment is
+        concluded without waiting for them, but their healthy nodes are kept."""
         seg = self.segment
         if self.state is JobState.DONE or seg is None:
             return None
+        now = self.clock()
         deadlines = [d for d in (seg.fail_deadline_s, seg.stop_deadline_s) if d is not None]
-        if not deadlines or self.clock() <= min(deadlines):
+        if not deadlines or now <= min(deadlines):
             return None
         silent = [r for r in range(seg.world_size) if r not in seg.outcomes and r not in seg.errors]
-        seg.hung = {seg.node_of(r) for r in silent}
-        log.warning("job %s: rank(s) %s of segment %d on %s missed their deadline; killing the "
-                    "segment and restarting without those nodes", self.job_id, silent, seg.index,
-                    sorted(seg.hung))
+        known_lost = seg.lost | {seg.node_of(r) for r in seg.error_order
+                                 if is_node_loss(seg.errors[r])}
+        stop_missed = seg.stop_deadline_s is not None and now > seg.stop_deadline_s
+        if stop_missed or not known_lost:
+            seg.hung = {seg.node_of(r) for r in silent} - known_lost
+            log.warning("job %s: rank(s) %s of segment %d on %s missed their deadline; killing "
+                        "the segment and restarting without those nodes", self.job_id, silent,
+                        seg.index, sorted(seg.hung))
+        else:
+            log.warning("job %s: rank(s) %s of segment %d still silent %.0f s after losing %s; "
+                        "concluding (they wait on the lost peer), their nodes kept", self.job_id,
+                        silent, seg.index, self.fail_grace_s, sorted(known_lost))
         return self._conclude(seg)
 
     def _conclude(self, seg: _Segment) -> DriverEvent:

@@ -457,6 +457,20 @@ def test_hung_rank_at_the_restart_limit_names_the_hang_as_cause(rig):
     assert "'b'" in str(err.__cause__)
 
 
+def test_ranks_silent_after_a_node_loss_keep_their_healthy_nodes(rig):
+    # rank 0's node is lost; rank 1 waits on it in a collective (up to its own timeout, longer
+    # than fail_grace_s): the segment is concluded, but b is not taken for hung and killed
+    job, ex, _, posted, clock = rig
+    job.reconcile(frozenset({"a", "b"}))
+    ex.calls[0][4].set_exception(ManagerLost(b"m", "h"))
+    assert job.on_rank_done(*posted.pop()[2:]) is None
+    clock.t += 6.0  # past fail_grace_s
+    assert job.tick() is DriverEvent.LOST
+    assert job.last_hung == set() and job.last_lost == {"a"}
+    job.reconcile(frozenset({"b"}))
+    assert job.nodes == ("b",)
+
+
 def test_checkpoint_write_error_fails_the_job_as_a_system_error_not_retried(rig):
     job, ex, _, posted, _ = rig
     job.reconcile(frozenset({"a", "b"}))

@@ -30,7 +30,13 @@ import torch
 from torch import nn
 
 from malleparsl.errors import SpecError
-from malleparsl.plans import ExecPlan, MemoryBudgetError, MemoryProfile, plan_memory
+from malleparsl.plans import (
+    ZERO_GLOO_OVERHEAD,
+    ExecPlan,
+    MemoryBudgetError,
+    MemoryProfile,
+    plan_memory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +184,7 @@ def profile_memory(
     blocks: Any = (),
     opt_states: int = 2,
     opt_temps: int = 1,
+    zero_overhead: float = ZERO_GLOO_OVERHEAD,
 ) -> MemoryProfile:
     """Measure a model's :class:`MemoryProfile` from one forward pass on ``batch``.
 
@@ -239,4 +246,5 @@ def profile_memory(
         opt_temps=opt_temps,
         buffers=float(sum(b.numel() * b.element_size() for b in model.buffers())),
         grad_transient_per_sample=2 * largest[0] / n,
+        zero_overhead=zero_overhead,
     )

@@ -19,7 +19,7 @@ tensors per parameter, ``n`` ranks, ``m`` samples per micro-batch, ``A``/``A_ckp
 bytes per sample kept for the backward pass without/with checkpointing)::
 
     persistent = w P (parameters) + w P (gradients) + s w P / (n if zero1 else 1) + buffers
-                 + [zero1] 2 (n-1)/n w P          (broadcast buffers, measured on gloo)
+                 + [zero1] z w P     (what ZeroRedundancyOptimizer keeps besides: z = 1.3 on gloo)
     forward/backward peak = persistent - (w P if one micro-batch)
                             + m * (A_ckpt if ckpt else A) + m * G_t   (activation gradients)
     gradient sync peak    = persistent + w P      (the flat all-reduce buffer)
@@ -29,9 +29,13 @@ bytes per sample kept for the backward pass without/with checkpointing)::
 >>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
 >>> mem = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64)
 >>> round(mem.peak / 2**20)
-283
+237
 >>> best_plan(prof, n=1, global_batch=64, budget=200 * 2**20).name
-'dp@mb=14'
+'dp@mb=16'
+>>> min_feasible_size(prof, global_batch=64, budget=160 * 2**20, n_max=8)  # needs ZeRO-1
+2
+>>> best_plan(prof, n=2, global_batch=64, budget=160 * 2**20).name
+'zero1'
 """
 
 from __future__ import annotations
@@ -47,8 +51,13 @@ BASES = {"dp": (False, False), "ckpt": (True, False), "zero1": (False, True),
          "zero1+ckpt": (True, True)}
 """Plan families: name -> (activation checkpointing, ZeRO-1 sharding)."""
 
-ZERO_BROADCAST_COPIES = 2.0
-"""Parameter copies per (n-1)/n that ZeRO-1's broadcasts keep resident (measured, gloo/CPU)."""
+FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt")
+"""What a job may be allowed to run (option ``plans``): ``dp`` is plain data parallelism (one
+pass per step), ``accum`` adds micro-batches to it, the others may use micro-batches too."""
+
+ZERO_GLOO_OVERHEAD = 1.3
+"""Parameter copies torch's ZeroRedundancyOptimizer keeps resident beyond the model on CPU with
+gloo (measured 1.07-1.67 at 2-3 ranks; not root-caused). Accelerator profiles use 0."""
 
 
 class MemoryBudgetError(MalleparslError, RuntimeError):
@@ -113,6 +122,7 @@ class MemoryProfile:
     opt_temps: int = 1  # temporaries of one optimizer step, in parameter copies
     buffers: float = 0.0
     grad_transient_per_sample: float = 0.0  # gradients of activations alive in the backward pass
+    zero_overhead: float = 0.0  # parameter copies ZeRO-1 keeps beyond the model (gloo: 1.3)
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -160,18 +170,16 @@ def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: in
     act = mb * (kept + prof.grad_transient_per_sample)
     opt = prof.opt_states * wp / shard
     temps = prof.opt_temps * wp / shard
-    # measured on CPU/gloo: ZeRO's parameter broadcasts keep ~2 (n-1)/n parameter copies
-    # resident (transport buffers; see docs/plans.md)
-    comm = ZERO_BROADCAST_COPIES * (n - 1) / n * wp if plan.zero else 0.0
+    comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # see ZERO_GLOO_OVERHEAD
     persistent = 2 * wp + opt + prof.buffers + comm
     fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
     peak = max(fwd_bwd, persistent + wp, persistent + temps)
     return PlanMemory(wp, wp, opt, act, prof.buffers, wp, temps, comm, mb, peak)
 
 
-def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = BASES) -> list[ExecPlan]:
-    """Every plan worth trying at ``n`` ranks: each base with micro-batches of the local batch
-    halved down to 1 (a micro-batch no larger than needed)."""
+def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIES) -> list[ExecPlan]:
+    """Every plan worth trying at ``n`` ranks from the allowed ``FAMILIES``: micro-batches of
+    the local batch halved down to 1 (a micro-batch no larger than needed)."""
     local = local_batch(global_batch, n)
     mbs: list[int | None] = [None]
     m = local
@@ -180,10 +188,13 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = BASES) 
         mbs.append(m)
     out = []
     for b in bases:
-        ckpt, zero = BASES[b]
+        if b not in FAMILIES:
+            raise unknown_name("plan family", b, FAMILIES)
+        ckpt, zero = BASES["dp" if b == "accum" else b]
         if zero and n == 1:
             continue  # nothing to shard over
-        out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x) for x in mbs]
+        sizes = [None] if b == "dp" else mbs[1:] if b == "accum" else mbs
+        out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x) for x in sizes]
     return out
 
 
@@ -206,7 +217,7 @@ def best_plan(
     global_batch: int,
     budget: float | None,
     step_time: Any = None,
-    bases: Iterable[str] = BASES,
+    bases: Iterable[str] = FAMILIES,
 ) -> ExecPlan:
     """The fastest plan that fits ``budget`` bytes per rank at ``n`` ranks.
 
@@ -235,7 +246,7 @@ def best_plan(
 
 def min_feasible_size(
     prof: MemoryProfile, *, global_batch: int, budget: float, n_max: int,
-    bases: Iterable[str] = BASES,
+    bases: Iterable[str] = FAMILIES,
 ) -> int | None:
     """The smallest size at which some plan (from ``bases``) fits; None if none up to n_max."""
     bases = tuple(bases)
@@ -248,3 +259,47 @@ def min_feasible_size(
 
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
     return replace(plan, micro_batch=micro_batch)
+
+
+# ---- the job's options: what the driver and the controller read --------------------------
+def plan_options(options: Mapping[str, Any]) -> tuple[MemoryProfile, int, float | None,
+                                                      tuple[str, ...]] | None:
+    """``(profile, global_batch, budget, bases)`` when the job asks for automatic plans.
+
+    A job opts in with the malleable options ``memory_profile`` (a :class:`MemoryProfile` or
+    its dict) and ``global_batch``; ``node_memory_bytes`` is the node budget (None: no limit);
+    ``plans`` lists the allowed families (default all; ``["dp"]`` is data-parallel only). A
+    fixed ``plan`` option other than ``"auto"`` turns automatic choice off.
+    """
+    prof = options.get("memory_profile")
+    if prof is None or options.get("plan") not in (None, "auto"):
+        return None
+    if not isinstance(prof, MemoryProfile):
+        prof = MemoryProfile.from_dict(prof)
+    gb = options.get("global_batch")
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
+        raise SpecError(f"memory_profile needs global_batch (an integer >= 1), got {gb!r}")
+    bases = tuple(options.get("plans") or FAMILIES)
+    for b in bases:
+        if b not in FAMILIES:
+            raise unknown_name("plan family", b, FAMILIES)
+    budget = options.get("node_memory_bytes")
+    return prof, gb, (float(budget) if budget else None), bases
+
+
+def min_nodes_for(options: Mapping[str, Any], min_nodes: int, max_nodes: int) -> int:
+    """The job's minimum size raised to the smallest size some allowed plan fits."""
+    got = plan_options(options)
+    if got is None or got[2] is None:
+        return min_nodes
+    prof, gb, budget, bases = got
+    n = min_feasible_size(prof, global_batch=gb, budget=budget, n_max=max_nodes, bases=bases)
+    if n is None:
+        least = min(plan_memory(prof, p, n=max_nodes, global_batch=gb).peak
+                     for p in candidate_plans(gb, max_nodes, bases=bases))
+        raise MemoryBudgetError(
+            f"no plan among {list(bases)} fits {budget / 2**20:.1f} MiB per node even at "
+            f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB); raise max_nodes, "
+            "allow more plans (plans=[...]) or run on nodes with more memory"
+        )
+    return max(min_nodes, n)

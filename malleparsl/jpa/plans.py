@@ -28,7 +28,7 @@ import numpy as np
 
 from malleparsl.errors import SpecError
 from malleparsl.model import ScalingCurve
-from malleparsl.plans import BASES, ExecPlan, MemoryProfile, candidate_plans, fits, local_batch
+from malleparsl.plans import FAMILIES, ExecPlan, MemoryProfile, candidate_plans, fits, local_batch
 
 TERMS = ("compute", "recompute", "micro_batch", "optimizer", "comm_byte", "latency")
 
@@ -131,7 +131,7 @@ def plan_aware_curve(
     global_batch: int,
     budget: float | None,
     n_max: int,
-    bases: Iterable[str] = BASES,
+    bases: Iterable[str] = FAMILIES,
     name: str = "",
 ) -> PlanCurve:
     """``rate(n) = G / min_p t(p, n)`` over plans that fit; sizes where none fits get rate 0."""
@@ -152,3 +152,49 @@ def plan_aware_curve(
         return PlanCurve(None, {}, None)
     curve = ScalingCurve(tuple(range(1, n_max + 1)), tuple(rates), name=name)
     return PlanCurve(curve, plans, min(plans))
+
+
+class PlanChooser:
+    """One job's plan choice at every (re)launch, learning from the steps it measures.
+
+    >>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
+    >>> ch = PlanChooser(prof, global_batch=64, budget=200 * 2**20)
+    >>> ch.choose(1).name, ch.choose(4).name
+    ('dp@mb=16', 'dp')
+    >>> ch.observe(ch.choose(4), 4, samples_per_s=900.0)   # a measured rate refines the model
+    """
+
+    def __init__(
+        self, profile: MemoryProfile, *, global_batch: int, budget: float | None,
+        bases: Sequence[str] = FAMILIES, prior: PlanPerfModel | None = None,
+    ) -> None:
+        self.profile, self.global_batch, self.budget = profile, global_batch, budget
+        self.bases = tuple(bases)
+        self.prior = prior or PlanPerfModel.default(profile)
+        self.readings: list[StepReading] = []
+        self.model = self.prior
+
+    @classmethod
+    def from_options(cls, options: dict) -> PlanChooser | None:
+        """None unless the job opted in (see :func:`malleparsl.plans.plan_options`)."""
+        from malleparsl.plans import plan_options
+
+        got = plan_options(options)
+        if got is None:
+            return None
+        prof, gb, budget, bases = got
+        return cls(prof, global_batch=gb, budget=budget, bases=bases)
+
+    def observe(self, plan: ExecPlan, n: int, *, samples_per_s: float) -> None:
+        if samples_per_s > 0 and math.isfinite(samples_per_s):
+            self.readings.append(StepReading(plan, n, self.global_batch,
+                                             self.global_batch / samples_per_s))
+            self.readings = self.readings[-64:]
+            self.model = fit_perf(self.readings, self.prior)
+
+    def choose(self, n: int) -> ExecPlan:
+        """The fastest plan that fits at ``n`` (raises ``MemoryBudgetError`` if none does)."""
+        from malleparsl.plans import best_plan
+
+        return best_plan(self.profile, n=n, global_batch=self.global_batch, budget=self.budget,
+                         step_time=self.model.step_time, bases=self.bases)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import typer
+
 from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
 
 
@@ -95,3 +97,57 @@ def measure_plan(case: PlanCase, *, timeout_s: float = 600.0) -> dict[str, Any]:
         "params": prof.params, "act_per_sample": prof.act_per_sample,
         "act_ckpt_per_sample": prof.act_ckpt_per_sample,
     }
+
+
+TUNED = (  # the cases the memory model was checked on while it was written
+    PlanCase(plan="dp", n=1, width=256, depth=8, global_batch=4096, steps=3),
+    PlanCase(plan="dp@mb=512", n=1, width=256, depth=8, global_batch=4096, steps=3),
+    PlanCase(plan="ckpt", n=1, width=256, depth=8, global_batch=4096, steps=3),
+    PlanCase(plan="ckpt", n=2, width=256, depth=8, global_batch=4096, steps=3),
+    PlanCase(plan="zero1", n=2, width=256, depth=8, global_batch=4096, steps=3),
+    PlanCase(plan="zero1+ckpt@mb=256", n=3, width=256, depth=8, global_batch=4096, steps=3),
+)
+HELD_OUT = (  # never used while tuning: another shape of model and batch
+    PlanCase(plan="dp", n=3, width=384, depth=6, global_batch=3072, steps=3),
+    PlanCase(plan="ckpt@mb=384", n=1, width=384, depth=6, global_batch=3072, steps=3),
+    PlanCase(plan="zero1", n=3, width=384, depth=6, global_batch=3072, steps=3),
+    PlanCase(plan="zero1+ckpt", n=2, width=384, depth=6, global_batch=3072, steps=3),
+)
+
+
+def bench_plans(
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line."),
+    quick: bool = typer.Option(False, help="One tuned and one held-out case only."),
+    sim: bool = typer.Option(True, help="Also run the simulator comparison (item 5)."),
+    sim_hours: float = typer.Option(48.0, help="Simulated window in hours."),
+    sim_nodes: str = typer.Option("0:128", help="Node slice of the Summit trace."),
+    sim_limit: int = typer.Option(0, help="Use only the first N jobs (0: all)."),
+    sim_samples_scale: float = typer.Option(1.0, help="Scale every job's samples."),
+) -> None:
+    """Execution plans on CPU (samples/s, peak memory vs the memory model) and the simulator's
+    plan-aware vs data-parallel-only comparison on the Summit trace.
+
+    One JSON line per plan and size with ``memory_error`` = predicted / measured - 1 (``set``:
+    ``tuned`` or ``held_out``), then one line with the simulator ratios.
+    """
+    import json
+
+    cases = [("tuned", c) for c in TUNED] + [("held_out", c) for c in HELD_OUT]
+    if quick:
+        cases = [cases[0], cases[len(TUNED)]]
+    for which, case in cases:
+        row = {"set": which, **measure_plan(case)}
+        if json_out:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"{which:8s} {row['plan']:20s} n={row['n']} {row['samples_per_s']:8.0f} "
+                  f"samples/s  peak {row['peak_bytes'] / 2**20:7.1f} MiB  predicted "
+                  f"{row['predicted_bytes'] / 2**20:7.1f} MiB  error {row['memory_error']:+.1%}",
+                  flush=True)
+    if not sim:
+        return
+    from malleparsl.sim.plans import compare_plans
+
+    res = compare_plans(hours=sim_hours, nodes=sim_nodes, limit=sim_limit or None,
+                        samples_scale=sim_samples_scale)
+    print(json.dumps(res, default=float), flush=True)

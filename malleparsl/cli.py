@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "allocator", "malleparsl.allocator.bench:bench_allocator"),
     ("bench", "executor", "malleparsl.executors.bench:bench_executor"),
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
+    ("bench", "plans", "malleparsl.apps.bench_plans:bench_plans"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),
 ]
 

@@ -281,8 +281,16 @@ class TrainContext:
             )
 
     def save(self) -> Path | None:
-        """Checkpoint now (rank 0 writes; the state is replicated). Returns the path on rank 0."""
+        """Checkpoint now (rank 0 writes; the state is replicated). Returns the path on rank 0.
+
+        Objects with ``collective_state`` (a sharded optimizer) are consolidated on rank 0
+        first, a collective: every rank calls ``save`` at the same steps.
+        """
         self._last_ckpt = time.monotonic()
+        if self.ckpt is not None:
+            for obj in self._objects.values():
+                if getattr(obj, "collective_state", False):
+                    obj.consolidate()
         if self.rank != 0 or self.ckpt is None or self._saved_step == self.step:
             return None
         path = self.ckpt.save(self._payload(), step=self.step)
@@ -400,7 +408,20 @@ class TrainContext:
         every = self.options.get("ckpt_every_steps")
         if every and self.step % int(every) == 0:
             return True
-        return time.monotonic() - self._last_ckpt >= float(self.options.get("ckpt_interval_s", 30))
+        due = time.monotonic() - self._last_ckpt >= float(self.options.get("ckpt_interval_s", 30))
+        if any(getattr(o, "collective_state", False) for o in self._objects.values()):
+            import torch  # a collective save: all ranks must agree (rank 0's clock decides)
+
+            due = bool(self.broadcast(torch.tensor([float(due)]))[0] > 0)
+        return due
+
+    @property
+    def plan(self) -> Any:
+        """This segment's execution plan (option ``plan``, default ``dp``); see
+        :mod:`malleparsl.apps.plans`."""
+        from malleparsl.plans import parse_plan
+
+        return parse_plan(self.options.get("plan"))
 
     # -- the loop -------------------------------------------------------------------------
     def steps(
@@ -426,7 +447,8 @@ class TrainContext:
             total_steps = math.ceil(float(total) / global_batch)
         self.sampler = GlobalBatchSampler(
             dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,
-            rank=self.rank, micro_batch=micro_batch or self.options.get("micro_batch"),
+            rank=self.rank, micro_batch=_smallest(
+                micro_batch or self.options.get("micro_batch"), self.plan.micro_batch),
             seed=int(self.options.get("seed", 0) if seed is None else seed),
         )
         if not self._begun:
@@ -460,3 +482,9 @@ class TrainContext:
             f"TrainContext(job_id={self.job_id!r}, segment={self.segment}, rank={self.rank}, "
             f"world_size={self.world_size}, device={str(self.device)!r}, step={self.step})"
         )
+
+
+def _smallest(*caps: int | None) -> int | None:
+    """The tightest micro-batch cap (the user's and the plan's); None if neither sets one."""
+    given = [int(c) for c in caps if c]
+    return min(given) if given else None

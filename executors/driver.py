@@ -237,6 +237,10 @@ class MalleableJob:
         self._last_save_s = 0.0
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
+        from malleparsl.jpa.plans import PlanChooser
+
+        self.planner = PlanChooser.from_options(self.options)  # None: the job's fixed plan
+        self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
         os.makedirs(ckpt_dir, exist_ok=True)
 
     # ---- placement ----------------------------------------------------------------------
@@ -286,7 +290,12 @@ class MalleableJob:
             rec.ckpt_io_s = self._last_save_s
             self.rescales.append(rec)
             self._pending = None
-        log.info("job %s: segment %d on %s", self.job_id, index, ",".join(nodes))
+        options = self.options
+        if self.planner is not None:  # the best plan that fits at this size (Rubick)
+            options = {**options, "plan": self.planner.choose(len(nodes)).name}
+        self.plan_log.append((index, len(nodes), str(options.get("plan") or "dp"), self.clock()))
+        log.info("job %s: segment %d on %s, plan %s", self.job_id, index, ",".join(nodes),
+                 options.get("plan") or "dp")
         for rank in range(seg.world_size):
             node, local = seg.node_of(rank), rank % self.ranks_per_node
             info = RankInfo(
@@ -299,7 +308,7 @@ class MalleableJob:
                 store_host=self.store_host,
                 store_port=self.store_port,
                 ckpt_dir=self.ckpt_dir,
-                options=self.options,
+                options=options,
                 key_prefix=self.key_prefix,
                 local_rank=local,
                 local_world_size=self.ranks_per_node,
@@ -503,6 +512,11 @@ class MalleableJob:
             if r.segment == seg.index and r.first_step_s is None and first:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
+        if self.planner is not None and self.plan_log and self.plan_log[-1][0] == seg.index:
+            from malleparsl.plans import parse_plan
+
+            self.planner.observe(parse_plan(self.plan_log[-1][2]), len(seg.nodes),
+                                 samples_per_s=float(rate))
         return len(seg.nodes), float(rate)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:

@@ -70,6 +70,10 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobS
                 f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
             ) from None
         curve = ScalingCurve.from_points(points, name=str(job_id))
+    if options.get("memory_profile") is not None:  # execution plans: smallest size any fits
+        from malleparsl.plans import min_nodes_for
+
+        kw["min_nodes"] = min_nodes_for(options, int(kw.get("min_nodes", 1)), int(kw["max_nodes"]))
     return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
 
 

@@ -41,6 +41,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
     ("bench", "decisions", "malleparsl.sim.bench_decisions:bench_decisions"),
     ("bench", "multihost", "malleparsl.executors.bench_multihost:bench_multihost"),
+    ("bench", "plans", "malleparsl.apps.bench_plans:bench_plans"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),
 ]
 

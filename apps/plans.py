@@ -1,0 +1,250 @@
+"""Carry out an execution plan in a training function: checkpointed blocks, a sharded optimizer.
+
+The plan is chosen outside (the driver picks the best plan that fits the node's memory at
+every size, see :mod:`malleparsl.plans`) and arrives as ``ctx.plan``; the training function
+hands its model and optimizer class to :func:`prepare` and writes the same loop as before::
+
+    model = Net()
+    model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.layers, lr=1e-3)
+    for step in ctx.steps(total_steps, global_batch=64, dataset_size=len(x)):
+        opt.zero_grad()
+        for idx in step.micro_batches():       # the plan's micro-batch applies here
+            step.backward(loss_fn(model(x[idx]), y[idx]))
+        loss = step.sync(model)
+        opt.step()
+
+Every plan computes the same global mean gradient and the same update, so the loss
+trajectory does not depend on the plan. Checkpoints are plan-independent: the model's
+``state_dict`` is unchanged by checkpointing, and :class:`PlanOptimizer` always saves the plain
+optimizer's format (ZeRO's shards are consolidated on rank 0 first), which any plan loads at any
+size (ZeRO keeps its own partition of it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from malleparsl.errors import SpecError
+from malleparsl.plans import (
+    ZERO_GLOO_OVERHEAD,
+    ExecPlan,
+    MemoryBudgetError,
+    MemoryProfile,
+    plan_memory,
+)
+
+log = logging.getLogger(__name__)
+
+
+def set_checkpointing(blocks: Any, on: bool) -> None:
+    """Recompute each block in the backward pass (``on``) or keep its activations.
+
+    The block's ``forward`` is replaced on the instance only, so ``state_dict`` keys and the
+    module tree stay as they are (a checkpoint written under any plan loads under any other).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    for blk in blocks:
+        if not isinstance(blk, nn.Module):
+            raise SpecError(f"blocks must be nn.Modules, got {type(blk).__name__}")
+        if "forward" in blk.__dict__:
+            del blk.forward  # back to the class's forward
+        if on:
+            blk.forward = functools.partial(checkpoint, type(blk).forward.__get__(blk),
+                                            use_reentrant=False)
+
+
+class PlanOptimizer:
+    """An optimizer run plainly or sharded (ZeRO-1), with one portable checkpoint format.
+
+    ``state_dict()`` is the plain optimizer's; under ZeRO it needs :meth:`consolidate` on every
+    rank first (``TrainContext.save`` does that for objects with ``collective_state``).
+    """
+
+    def __init__(self, params: Any, optimizer_class: type, *, zero: bool, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        params = list(params)
+        self.zero = bool(zero) and dist.is_initialized() and dist.get_world_size() > 1
+        self.collective_state = self.zero
+        if self.zero:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            self.opt = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **kwargs)
+        else:
+            self.opt = optimizer_class(params, **kwargs)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.opt.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        return self.opt.step(closure) if closure is not None else self.opt.step()
+
+    def register_step_post_hook(self, hook: Any) -> Any:
+        return self.opt.register_step_post_hook(hook)
+
+    def consolidate(self) -> None:
+        """Collective: gather the sharded state on rank 0 (no-op when not sharded)."""
+        if self.zero:
+            self.opt.consolidate_state_dict(to=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.opt.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.opt.load_state_dict(state)
+
+
+def prepare(
+    ctx: Any,
+    model: nn.Module,
+    optimizer_class: type,
+    *,
+    blocks: Any = None,
+    profile: MemoryProfile | None = None,
+    global_batch: int | None = None,
+    **optimizer_kwargs: Any,
+) -> tuple[nn.Module, PlanOptimizer]:
+    """Apply ``ctx.plan`` to ``model``, build its optimizer, register both for checkpoints.
+
+    ``blocks``: the modules to checkpoint under a ``ckpt`` plan (e.g. a transformer's layers);
+    required for those plans. With the option ``node_memory_bytes`` (the node's budget), and
+    ``profile`` and ``global_batch``, the plan's predicted peak is checked against the budget
+    before training; always with a budget, the measured
+    growth of this process's memory after each of the first steps (:class:`MemoryGuard`).
+    """
+    plan: ExecPlan = ctx.plan
+    if plan.checkpoint and blocks is None:
+        raise SpecError(
+            f"plan {plan.name!r} checkpoints activations: pass blocks=... (the model's "
+            "repeated layers) to prepare()"
+        )
+    budget = ctx.options.get("node_memory_bytes")
+    guard = MemoryGuard(budget) if budget else None
+    if budget and profile is not None and global_batch:
+        need = plan_memory(profile, plan, n=ctx.world_size, global_batch=global_batch).peak
+        if need > float(budget):
+            raise MemoryBudgetError(
+                f"plan {plan.name} needs {need / 2**20:.1f} MiB per node at {ctx.world_size} "
+                f"node(s), over the node budget of {float(budget) / 2**20:.1f} MiB"
+            )
+    model = model.to(ctx.device)
+    if blocks is not None:
+        set_checkpointing(blocks, plan.checkpoint)
+    opt = PlanOptimizer(model.parameters(), optimizer_class, zero=plan.zero, **optimizer_kwargs)
+    ctx.register(model=model, optimizer=opt)
+    if guard is not None:
+        opt.register_step_post_hook(guard.after_step)
+    return model, opt
+
+
+class MemoryGuard:
+    """Enforces a node's memory budget on CPU: the process's resident memory may grow by at
+    most the budget from when the job's model was built. Checked after the first steps (when
+    parameters, gradients and optimizer state all exist); raises :class:`MemoryBudgetError`
+    instead of letting the node run out of memory."""
+
+    def __init__(self, budget: float, *, steps: int = 3) -> None:
+        from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss
+
+        self.budget = float(budget)
+        self.steps = steps
+        reset_peak_rss()
+        self.base = peak_rss_bytes()
+
+    def after_step(self, *_: Any) -> None:
+        from malleparsl.apps.memory import peak_rss_bytes
+
+        if self.steps <= 0:
+            return
+        self.steps -= 1
+        used = peak_rss_bytes() - self.base
+        if used > self.budget:
+            raise MemoryBudgetError(
+                f"this rank's memory grew by {used / 2**20:.1f} MiB, over the node budget of "
+                f"{self.budget / 2**20:.1f} MiB (node_memory_bytes); run a leaner plan "
+                "(ckpt, zero1, smaller micro-batches) or more nodes"
+            )
+
+
+def profile_memory(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Any,
+    *,
+    blocks: Any = (),
+    opt_states: int = 2,
+    opt_temps: int = 1,
+    zero_overhead: float = ZERO_GLOO_OVERHEAD,
+) -> MemoryProfile:
+    """Measure a model's :class:`MemoryProfile` from one forward pass on ``batch``.
+
+    Saved-tensor hooks count the bytes autograd keeps for the backward pass (parameters
+    excluded: they are counted once); forward pre-hooks attribute them to ``blocks`` and record
+    each block's input, which is all a checkpointed block keeps. Per sample = total / batch size.
+    """
+    params = list(model.parameters())
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    seen: set[tuple[int, int]] = set()
+    inside: list[int] = [-1]
+    per_block: dict[int, float] = {}
+    block_inputs = 0.0
+    outside = 0.0
+    largest = [0.0]  # the largest saved tensor: its gradient and its input's coexist
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal outside
+        nbytes = t.numel() * t.element_size()  # a view of a larger tensor keeps only itself
+        key = (t.data_ptr(), nbytes)
+        if t.untyped_storage().data_ptr() in param_ptrs or key in seen:
+            return t
+        seen.add(key)
+        largest[0] = max(largest[0], nbytes)
+        if inside[-1] >= 0:
+            per_block[inside[-1]] = per_block.get(inside[-1], 0.0) + nbytes
+        else:
+            outside += nbytes
+        return t
+
+    handles = []
+    for i, blk in enumerate(blocks):
+        def pre(_m: Any, args: Any, i: int = i) -> None:
+            nonlocal block_inputs
+            inside.append(i)
+            block_inputs += sum(a.numel() * a.element_size() for a in args
+                                if isinstance(a, torch.Tensor))
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            inside.pop()
+
+        handles += [blk.register_forward_pre_hook(pre), blk.register_forward_hook(post)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    del loss
+    n = len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch)
+    total = outside + sum(per_block.values())
+    ckpt = outside + block_inputs + max(per_block.values(), default=0.0)
+    return MemoryProfile(
+        params=sum(p.numel() for p in params),
+        act_per_sample=total / n,
+        act_ckpt_per_sample=ckpt / n,
+        bytes_per_param=params[0].element_size() if params else 4,
+        opt_states=opt_states,
+        opt_temps=opt_temps,
+        buffers=float(sum(b.numel() * b.element_size() for b in model.buffers())),
+        grad_transient_per_sample=2 * largest[0] / n,
+        zero_overhead=zero_overhead,
+    )

@@ -1,0 +1,305 @@
+"""Execution plans (Rubick): how a job trains at a given size, what memory each plan needs.
+
+A malleable job keeps its global batch at every size; *how* it fits that batch into a node
+is its execution plan, and the plan may change at every rescale:
+
+* ``dp``: plain data parallelism, every rank holds parameters, gradients and optimizer state;
+* ``ckpt``: activation checkpointing, only block inputs are kept in the forward pass and each
+  block is recomputed in the backward pass (about one more forward);
+* ``zero1``: ZeRO stage 1, the optimizer state is sharded across the ranks;
+* ``zero1+ckpt``: both.
+
+Each may add gradient accumulation: ``name@mb=8`` runs micro-batches of at most 8 samples.
+This module is torch-free (the allocator, the driver and the simulator use it); the apps layer
+(:mod:`malleparsl.apps.plans`) carries plans out and measures a model's
+:class:`MemoryProfile`.
+
+Memory model per rank, in bytes (``P`` parameters of ``w`` bytes, ``s`` optimizer-state
+tensors per parameter, ``n`` ranks, ``m`` samples per micro-batch, ``A``/``A_ckpt`` activation
+bytes per sample kept for the backward pass without/with checkpointing)::
+
+    persistent = w P (parameters) + w P (gradients) + s w P / (n if zero1 else 1) + buffers
+                 + [zero1] z w P     (what ZeroRedundancyOptimizer keeps besides: z = 1.3 on gloo)
+    forward/backward peak = persistent - (w P if one micro-batch)
+                            + m * (A_ckpt if ckpt else A) + m * G_t   (activation gradients)
+    gradient sync peak    = persistent + w P      (the flat all-reduce buffer)
+    optimizer step peak   = persistent + t w P / (n if zero1 else 1)   (t: step temporaries)
+    peak = max(the three)
+
+>>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
+>>> mem = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64)
+>>> round(mem.peak / 2**20)
+237
+>>> best_plan(prof, n=1, global_batch=64, budget=200 * 2**20).name
+'dp@mb=16'
+>>> min_feasible_size(prof, global_batch=64, budget=160 * 2**20, n_max=8)  # needs ZeRO-1
+2
+>>> best_plan(prof, n=2, global_batch=64, budget=160 * 2**20).name
+'zero1'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from malleparsl.errors import MalleparslError, SpecError, unknown_name
+
+BASES = {"dp": (False, False), "ckpt": (True, False), "zero1": (False, True),
+         "zero1+ckpt": (True, True)}
+"""Plan families: name -> (activation checkpointing, ZeRO-1 sharding)."""
+
+FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt")
+"""What a job may be allowed to run (option ``plans``): ``dp`` is plain data parallelism (one
+pass per step), ``accum`` adds micro-batches to it, the others may use micro-batches too."""
+
+ZERO_GLOO_OVERHEAD = 1.3
+"""Parameter copies torch's ZeroRedundancyOptimizer keeps resident beyond the model on CPU with
+gloo (measured 1.07-1.67 at 2-3 ranks; not root-caused). Accelerator profiles use 0."""
+
+
+class MemoryBudgetError(MalleparslError, RuntimeError):
+    """No plan fits the node's memory at this size (or the running plan exceeded it)."""
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """One execution plan: checkpointing, optimizer sharding and the micro-batch cap."""
+
+    checkpoint: bool = False
+    zero: bool = False
+    micro_batch: int | None = None  # None: the whole local batch in one pass
+
+    @property
+    def base(self) -> str:
+        return {v: k for k, v in BASES.items()}[(self.checkpoint, self.zero)]
+
+    @property
+    def name(self) -> str:
+        return self.base + (f"@mb={self.micro_batch}" if self.micro_batch else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_plan(name: str | ExecPlan | None) -> ExecPlan:
+    """``"dp"``, ``"ckpt"``, ``"zero1"``, ``"zero1+ckpt"``, optionally ``"@mb=N"``."""
+    if name is None:
+        return ExecPlan()
+    if isinstance(name, ExecPlan):
+        return name
+    if not isinstance(name, str):
+        raise SpecError(f"plan must be a string like 'zero1@mb=8', got {name!r}")
+    base, _, rest = name.strip().partition("@")
+    if base not in BASES:
+        raise unknown_name("plan", base, BASES)
+    mb = None
+    if rest:
+        key, _, val = rest.partition("=")
+        if key != "mb" or not val.isdigit() or int(val) < 1:
+            raise SpecError(f"plan {name!r}: write '{base}@mb=N' with an integer N >= 1")
+        mb = int(val)
+    ckpt, zero = BASES[base]
+    return ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=mb)
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """A model's memory facts, measured once (:func:`malleparsl.apps.plans.profile_memory`).
+
+    Sizes in bytes; ``params`` is a count. ``act_per_sample``: bytes the forward pass keeps
+    for the backward pass, per sample; ``act_ckpt_per_sample``: the same with checkpointed
+    blocks (block inputs, the un-checkpointed rest, and one block recomputed at a time).
+    """
+
+    params: int
+    act_per_sample: float
+    act_ckpt_per_sample: float
+    bytes_per_param: int = 4
+    opt_states: int = 2  # Adam: exp_avg and exp_avg_sq; SGD with momentum: 1
+    opt_temps: int = 1  # temporaries of one optimizer step, in parameter copies
+    buffers: float = 0.0
+    grad_transient_per_sample: float = 0.0  # gradients of activations alive in the backward pass
+    zero_overhead: float = 0.0  # parameter copies ZeRO-1 keeps beyond the model (gloo: 1.3)
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise SpecError(f"MemoryProfile.{k} must be a number >= 0, got {v!r}")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryProfile:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    """Predicted bytes per rank of one plan at one size."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    sync_buffer: float
+    opt_temps: float
+    comm_buffers: float
+    micro_batch: int
+    peak: float
+
+
+def local_batch(global_batch: int, n: int) -> int:
+    """The largest local batch of ``n`` ranks (rank 0's: the first ranks take the remainder)."""
+    return math.ceil(global_batch / n)
+
+
+def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int) -> PlanMemory:
+    """The memory model of the module docstring for one plan at ``n`` ranks."""
+    if n < 1 or global_batch < 1:
+        raise SpecError(f"need n >= 1 and global_batch >= 1, got {n!r}, {global_batch!r}")
+    wp = float(prof.bytes_per_param * prof.params)
+    shard = n if plan.zero else 1
+    local = local_batch(global_batch, n)
+    mb = min(local, plan.micro_batch or local)
+    kept = prof.act_ckpt_per_sample if plan.checkpoint else prof.act_per_sample
+    act = mb * (kept + prof.grad_transient_per_sample)
+    opt = prof.opt_states * wp / shard
+    temps = prof.opt_temps * wp / shard
+    comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # see ZERO_GLOO_OVERHEAD
+    persistent = 2 * wp + opt + prof.buffers + comm
+    fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
+    peak = max(fwd_bwd, persistent + wp, persistent + temps)
+    return PlanMemory(wp, wp, opt, act, prof.buffers, wp, temps, comm, mb, peak)
+
+
+def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIES) -> list[ExecPlan]:
+    """Every plan worth trying at ``n`` ranks from the allowed ``FAMILIES``: micro-batches of
+    the local batch halved down to 1 (a micro-batch no larger than needed)."""
+    local = local_batch(global_batch, n)
+    mbs: list[int | None] = [None]
+    m = local
+    while m > 1:
+        m = math.ceil(m / 2)
+        mbs.append(m)
+    out = []
+    for b in bases:
+        if b not in FAMILIES:
+            raise unknown_name("plan family", b, FAMILIES)
+        ckpt, zero = BASES["dp" if b == "accum" else b]
+        if zero and n == 1:
+            continue  # nothing to shard over
+        sizes = [None] if b == "dp" else mbs[1:] if b == "accum" else mbs
+        out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x) for x in sizes]
+    return out
+
+
+def fits(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int, budget: float) -> bool:
+    return plan_memory(prof, plan, n=n, global_batch=global_batch).peak <= budget
+
+
+def default_step_time(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int) -> float:
+    """A relative cost used before any step is measured: recompute costs a third more compute,
+    each micro-batch a fixed overhead, sharding one parameter broadcast."""
+    from malleparsl.jpa.plans import PlanPerfModel  # the fitted model's default parameters
+
+    return PlanPerfModel.default(prof).step_time(plan, n=n, global_batch=global_batch)
+
+
+def best_plan(
+    prof: MemoryProfile,
+    *,
+    n: int,
+    global_batch: int,
+    budget: float | None,
+    step_time: Any = None,
+    bases: Iterable[str] = FAMILIES,
+) -> ExecPlan:
+    """The fastest plan that fits ``budget`` bytes per rank at ``n`` ranks.
+
+    ``step_time(plan, n=, global_batch=)`` predicts seconds per step (default: the performance
+    model's prior, :class:`malleparsl.jpa.plans.PlanPerfModel`). Raises
+    :class:`MemoryBudgetError` naming the smallest peak when no plan fits.
+    """
+    cands = candidate_plans(global_batch, n, bases=bases)
+    if budget is None:
+        return cands[0]
+    ok = [p for p in cands if fits(prof, p, n=n, global_batch=global_batch, budget=budget)]
+    if not ok:
+        least = min(cands, key=lambda p: plan_memory(prof, p, n=n, global_batch=global_batch).peak)
+        need = plan_memory(prof, least, n=n, global_batch=global_batch).peak
+        raise MemoryBudgetError(
+            f"no execution plan fits {budget / 2**20:.1f} MiB per node at {n} node(s): the "
+            f"leanest, {least.name}, needs {need / 2**20:.1f} MiB; give the job more nodes "
+            f"(min_nodes) or more memory per node"
+        )
+    if step_time is None:
+        from malleparsl.jpa.plans import PlanPerfModel
+
+        step_time = PlanPerfModel.default(prof).step_time
+    return min(ok, key=lambda p: (step_time(p, n=n, global_batch=global_batch), p.name))
+
+
+def min_feasible_size(
+    prof: MemoryProfile, *, global_batch: int, budget: float, n_max: int,
+    bases: Iterable[str] = FAMILIES,
+) -> int | None:
+    """The smallest size at which some plan (from ``bases``) fits; None if none up to n_max."""
+    bases = tuple(bases)
+    for n in range(1, n_max + 1):
+        if any(fits(prof, p, n=n, global_batch=global_batch, budget=budget)
+               for p in candidate_plans(global_batch, n, bases=bases)):
+            return n
+    return None
+
+
+def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
+    return replace(plan, micro_batch=micro_batch)
+
+
+# ---- the job's options: what the driver and the controller read --------------------------
+def plan_options(options: Mapping[str, Any]) -> tuple[MemoryProfile, int, float | None,
+                                                      tuple[str, ...]] | None:
+    """``(profile, global_batch, budget, bases)`` when the job asks for automatic plans.
+
+    A job opts in with the malleable options ``memory_profile`` (a :class:`MemoryProfile` or
+    its dict) and ``global_batch``; ``node_memory_bytes`` is the node budget (None: no limit);
+    ``plans`` lists the allowed families (default all; ``["dp"]`` is data-parallel only). A
+    fixed ``plan`` option other than ``"auto"`` turns automatic choice off.
+    """
+    prof = options.get("memory_profile")
+    if prof is None or options.get("plan") not in (None, "auto"):
+        return None
+    if not isinstance(prof, MemoryProfile):
+        prof = MemoryProfile.from_dict(prof)
+    gb = options.get("global_batch")
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
+        raise SpecError(f"memory_profile needs global_batch (an integer >= 1), got {gb!r}")
+    bases = tuple(options.get("plans") or FAMILIES)
+    for b in bases:
+        if b not in FAMILIES:
+            raise unknown_name("plan family", b, FAMILIES)
+    budget = options.get("node_memory_bytes")
+    return prof, gb, (float(budget) if budget else None), bases
+
+
+def min_nodes_for(options: Mapping[str, Any], min_nodes: int, max_nodes: int) -> int:
+    """The job's minimum size raised to the smallest size some allowed plan fits."""
+    got = plan_options(options)
+    if got is None or got[2] is None:
+        return min_nodes
+    prof, gb, budget, bases = got
+    n = min_feasible_size(prof, global_batch=gb, budget=budget, n_max=max_nodes, bases=bases)
+    if n is None:
+        least = min(plan_memory(prof, p, n=max_nodes, global_batch=gb).peak
+                     for p in candidate_plans(gb, max_nodes, bases=bases))
+        raise MemoryBudgetError(
+            f"no plan among {list(bases)} fits {budget / 2**20:.1f} MiB per node even at "
+            f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB); raise max_nodes, "
+            "allow more plans (plans=[...]) or run on nodes with more memory"
+        )
+    return max(min_nodes, n)

@@ -1,0 +1,205 @@
+"""Plan-aware versus data-parallel-only allocation in the simulator (Rubick's comparison).
+
+Jobs may carry a memory profile (``JobSpec.meta["memory_profile"]``). :func:`plan_jobsets`
+gives a job set two ways:
+
+* **DP-only**: every job runs plain data parallelism; its minimum size is the smallest size at
+  which that fits the node's memory (``min_feasible_size(..., bases=["dp"])``), its curve the
+  job set's measured data-parallel curve;
+* **plan-aware**: its minimum size is the smallest size at which *any* plan fits, and its
+  curve at every size is the best feasible plan's rate (:func:`malleparsl.jpa.plans.plan_aware_curve`).
+
+A plan's rate is the measured data-parallel rate plus the plan's *extra* time per step from the
+performance model (recomputation, more micro-batches, ZeRO's broadcast), so plan-aware curves
+never beat data parallelism where it fits: ``rate_p(n) = G / (G / rate_dp(n) + extra_p(n))``.
+The allocator (the MILP) then plans with these curves, as it would live.
+
+The larger models are given a profile (parameters, activation bytes per sample) such that
+plain data parallelism needs several nodes of Summit's 16 GiB V100s: about a third of the jobs
+by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from malleparsl.errors import SpecError
+from malleparsl.model import JobSpec, ScalingCurve
+from malleparsl.plans import (
+    FAMILIES,
+    ExecPlan,
+    MemoryProfile,
+    candidate_plans,
+    fits,
+    local_batch,
+    min_feasible_size,
+)
+
+SUMMIT_GPU_BYTES = 16 * 2**30
+"""Memory of one Summit V100; the simulator's node is one accelerator's worth of work."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanCosts:
+    """What a plan costs beyond data parallelism, on accelerators (Summit-like defaults)."""
+
+    recompute_frac: float = 1 / 3  # one more forward: a third of forward + backward
+    micro_batch_s: float = 0.004  # per extra micro-batch (launches, optimizer-free pass)
+    link_bytes_per_s: float = 12.5e9  # EDR InfiniBand, 2 x 100 Gb/s per node
+
+    def extra_s(self, prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int,
+                s_per_sample: float) -> float:
+        loc = local_batch(global_batch, n)
+        mb = min(loc, plan.micro_batch or loc)
+        k = math.ceil(loc / mb)
+        t = self.micro_batch_s * (k - 1)
+        if plan.checkpoint:
+            t += self.recompute_frac * s_per_sample * loc
+        if plan.zero and n > 1:
+            t += (n - 1) / n * prof.bytes_per_param * prof.params / self.link_bytes_per_s
+        return t
+
+
+def plan_curve(
+    spec: JobSpec, prof: MemoryProfile, *, global_batch: int, budget: float,
+    costs: PlanCosts | None = None, bases: Sequence[str] = FAMILIES,
+) -> tuple[ScalingCurve | None, dict[int, ExecPlan]]:
+    """The best feasible plan's rate at every size from 1 to ``spec.max_nodes``."""
+    costs = costs or PlanCosts()
+    dp = spec.curve
+    if dp is None:
+        raise SpecError(f"job {spec.job_id!r}: plan_curve needs the data-parallel curve")
+    s1 = 1.0 / dp.rate(1)  # seconds per sample of compute on one node
+    rates, plans = [], {}
+    for n in range(1, spec.max_nodes + 1):
+        base_t = global_batch / dp.rate(n)
+        best = None
+        for p in candidate_plans(global_batch, n, bases=bases):
+            if not fits(prof, p, n=n, global_batch=global_batch, budget=budget):
+                continue
+            t = base_t + costs.extra_s(prof, p, n, global_batch, s1)
+            if best is None or t < best[0]:
+                best = (t, p)
+        if best is None:
+            rates.append(0.0)
+            continue
+        plans[n] = best[1]
+        rates.append(global_batch / best[0])
+    if not plans:
+        return None, {}
+    return ScalingCurve(tuple(range(1, spec.max_nodes + 1)), tuple(rates), name=spec.job_id), plans
+
+
+def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,
+                  dp_nodes: tuple[int, int]) -> MemoryProfile:
+    """A model whose plain data parallelism needs ``dp_nodes[0]..dp_nodes[1]`` nodes: its
+    parameters take 30-60 % of the budget, its activations the rest several times over."""
+    params = int(rng.uniform(0.3, 0.6) * budget / 20)  # 16 B/param persistent + 4 sync buffer
+    free = budget - 20 * params
+    need = int(rng.integers(dp_nodes[0], dp_nodes[1] + 1))
+    act = free * need / global_batch * 0.97  # fits at `need` nodes, not at need - 1
+    act = max(act, free * (need - 1) / global_batch * 1.03)
+    return MemoryProfile(params=params, act_per_sample=act, act_ckpt_per_sample=act / 8,
+                         grad_transient_per_sample=act / 16)
+
+
+def plan_jobsets(
+    jobs: Sequence[JobSpec],
+    *,
+    large_every: int = 3,
+    global_batch: int = 256,
+    budget: float = SUMMIT_GPU_BYTES,
+    dp_nodes: tuple[int, int] = (4, 16),
+    seed: int = 0,
+    costs: PlanCosts | None = None,
+) -> tuple[list[JobSpec], list[JobSpec]]:
+    """``(dp_only, plan_aware)`` versions of ``jobs``; every ``large_every``-th job is large.
+
+    Small jobs fit at one node under plain data parallelism and are the same in both sets.
+    """
+    rng = np.random.default_rng(seed)
+    dp_only, aware = [], []
+    for i, spec in enumerate(jobs):
+        if spec.curve is None:
+            raise SpecError(f"job {spec.job_id!r} needs its true curve")
+        if i % large_every != large_every - 1:
+            dp_only.append(spec)
+            aware.append(spec)
+            continue
+        prof = large_profile(rng, global_batch=global_batch, budget=budget, dp_nodes=dp_nodes)
+        meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": global_batch}
+        n_dp = min_feasible_size(prof, global_batch=global_batch, budget=budget,
+                                 n_max=spec.max_nodes, bases=["dp"])
+        if n_dp is None:
+            raise SpecError(f"job {spec.job_id!r}: data parallelism never fits; lower dp_nodes")
+        dp_only.append(dataclasses.replace(spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta))
+        curve, plans = plan_curve(spec, prof, global_batch=global_batch, budget=budget,
+                                  costs=costs)
+        assert curve is not None  # noqa: S101 - dp fits at n_dp, so some plan does
+        aware.append(dataclasses.replace(
+            spec, min_nodes=max(spec.min_nodes, min(plans)), curve=curve,
+            meta={**meta, "plans": {n: p.name for n, p in plans.items()}}))
+    return dp_only, aware
+
+
+def compare_plans(
+    *,
+    trace: str = "summit",
+    nodes: str = "0:128",
+    hours: float = 48.0,
+    jobs: str = "imagenet",
+    limit: int | None = None,
+    policy: str = "milp",
+    seed: int = 0,
+    samples_scale: float = 1.0,
+    max_active: int | None = 10,
+    **jobset_options: object,
+) -> dict[str, object]:
+    """Replay ``trace`` with the DP-only and the plan-aware job sets; the ratios of the issue.
+
+    The window starts at the first job's submission, as ``malleparsl simulate`` does.
+    """
+    from malleparsl.data import load_jobset
+    from malleparsl.sim.engine import SimOptions, simulate
+    from malleparsl.traces import load_trace
+
+    full = load_trace(trace, nodes=nodes)
+    specs = [dataclasses.replace(j, total_samples=j.total_samples * samples_scale)
+             for j in load_jobset(jobs, limit=limit)]
+    t0 = max(full.start_s, min(j.submit_s for j in specs))
+    tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
+    dp_only, aware = plan_jobsets(specs, seed=seed, **jobset_options)  # type: ignore[arg-type]
+    opts = SimOptions(seed=seed, max_active=max_active)
+    out: dict[str, object] = {"trace": trace, "nodes": nodes, "hours": hours, "jobs": jobs,
+                              "limit": limit, "samples_scale": samples_scale, "policy": policy,
+                              "seed": seed,
+                              "large_jobs": sum(a.curve is not d.curve for a, d in zip(aware, dp_only))}
+    rows = {}
+    for name, js in (("dp_only", dp_only), ("plan_aware", aware)):
+        res = simulate(tr, js, policy=policy, options=opts, history=full)
+        s = res.summary()
+        rows[name] = s
+        large = {j.job_id for j, d in zip(aware, dp_only) if j.curve is not d.curve}
+        done = res.jobs.dropna(subset=["finish_s"])
+        big = done[done["job"].isin(large)]
+        out[name] = {
+            "samples": s["samples"], "jobs_done": s["jobs_done"],
+            "mean_jct_h": s["mean_jct_h"], "makespan_h": s["last_finish_h"],
+            "large_jobs_done": int(len(big)),
+            "large_mean_jct_h": float((big["finish_s"] - big["submit_s"]).mean() / 3600)
+            if len(big) else None,
+        }
+    a, d = out["plan_aware"], out["dp_only"]
+    out["jct_ratio_vs_dp_only"] = _ratio(a["mean_jct_h"], d["mean_jct_h"])  # type: ignore[index]
+    out["makespan_ratio_vs_dp_only"] = _ratio(a["makespan_h"], d["makespan_h"])  # type: ignore[index]
+    out["samples_ratio_vs_dp_only"] = _ratio(a["samples"], d["samples"])  # type: ignore[index]
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else float(a) / float(b)

@@ -221,6 +221,18 @@ class CheckpointStore:
         return None
 
 
+def _holds_tensor(value: Any) -> bool:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return False
+
+
 def _leaf_layout(prefix: str, value: Any, out: list[str]) -> None:
     import torch
 
@@ -230,6 +242,9 @@ def _leaf_layout(prefix: str, value: Any, out: list[str]) -> None:
         for k in sorted(value, key=str):
             _leaf_layout(f"{prefix}.{k}" if prefix else str(k), value[k], out)
     elif isinstance(value, (list, tuple)):
+        if not any(_holds_tensor(v) for v in value):
+            out.append(f"{prefix}:{type(value).__name__}")  # plain data (a history): any length
+            return
         for i, v in enumerate(value):
             _leaf_layout(f"{prefix}[{i}]", v, out)
     else:
@@ -241,12 +256,18 @@ def state_layout(obj: Any) -> list[str]:
 
     For an optimizer (anything with ``param_groups``) the layout is the shapes and dtypes of
     the parameters of each group, since its per-parameter state appears only after a step.
+    Lists of plain data (a history) count as one entry whatever their length; an object with a
+    ``checkpoint_layout()`` method gives its own (a trial array, whose tensors shrink as trials
+    leave).
     Values are not part of it: a layout says whether a checkpoint *fits*, not what it holds.
 
     >>> import torch
     >>> state_layout(torch.nn.Linear(2, 1))
     ['class:Linear', 'bias:(1,):torch.float32', 'weight:(1, 2):torch.float32']
     """
+    own = getattr(obj, "checkpoint_layout", None)
+    if callable(own):  # an object whose state changes shape legitimately says what must fit
+        return list(own())
     out = [f"class:{type(obj).__qualname__}"]
     groups = getattr(obj, "param_groups", None)
     if isinstance(groups, list):

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from malleparsl.apps.checkpoint import CheckpointStore
+from malleparsl.apps.checkpoint import CheckpointStore, state_layout
 from malleparsl.apps.fused_layers import FusedSequential
 from malleparsl.apps.fused_optim import FusedOptimizer, TrialHparams
 from malleparsl.apps.sharding import GlobalBatchSampler
@@ -75,6 +75,18 @@ class ArrayState:
         self.opt.select(pos, list(self.model.parameters()))
         self.dropped += [t for t in self.ids if t not in keep_ids]
         self.ids = list(keep_ids)
+
+    def checkpoint_layout(self) -> list[str]:
+        """What a checkpoint of this array must fit: its trials and each one's plain model.
+
+        Stable while trials leave (the fused tensors shrink then), so a checkpoint written
+        after a drop still fits the array rebuilt from the same trials; which of them it still
+        holds is checked by :meth:`load_state_dict`.
+        """
+        out = [f"class:{type(self).__qualname__}"]
+        for tid in sorted(self.templates):
+            out += [f"{tid}.{e}" for e in state_layout(self.templates[tid])[1:]]
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"ids": list(self.ids), "model": self.model.state_dict(),

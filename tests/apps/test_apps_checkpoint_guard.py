@@ -45,13 +45,13 @@ class _NoNodes:
 @pytest.mark.parametrize("bad", ["../..", "/tmp/evil", "a/../../b"])
 def test_control_loop_rejects_a_job_id_that_escapes_the_checkpoint_root(tmp_path, bad) -> None:
     from malleparsl.executors.control import ControlLoop
+    from malleparsl.executors.options import ControlOptions
 
     loop = ControlLoop(
         executor=_NoNodes(),
         policy="greedy",
         ckpt_root=str(tmp_path),
-        store_host="127.0.0.1",
-        warm_nodes=False,
+        options=ControlOptions(store_address="127.0.0.1", warm_nodes=False),
     )
     loop.start()
     try:
@@ -208,3 +208,31 @@ def test_disk_full_keeps_the_previous_checkpoint_and_says_so(tmp_path, monkeypat
         assert not [p for p in d.iterdir() if p.name.startswith(".tmp")]
         step, state = store.load_latest()
         assert step == 1 and state["w"].tolist() == [1.0] * 4
+
+
+def test_layout_ignores_how_long_a_plain_data_history_is():
+    # regression: a trial array's history grows every step; its checkpoint must still fit
+    from malleparsl.apps.checkpoint import state_layout
+
+    class Hist:
+        def __init__(self, n):
+            self.h = {"t0": [{"loss": 1.0}] * n}
+
+        def state_dict(self):
+            return {"history": self.h, "w": torch.zeros(2)}
+
+    assert state_layout(Hist(1)) == state_layout(Hist(45))
+    assert state_layout(Hist(1)) != state_layout(torch.nn.Linear(2, 1))
+
+
+def test_an_object_may_give_its_own_layout():
+    from malleparsl.apps.checkpoint import state_layout
+
+    class Own:
+        def checkpoint_layout(self):
+            return ["class:Own", "trials:t0,t1"]
+
+        def state_dict(self):
+            return {"w": torch.zeros(3)}
+
+    assert state_layout(Own()) == ["class:Own", "trials:t0,t1"]

@@ -7,15 +7,11 @@ failure, never a skip; on a developer's machine without root the tests skip.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from malleparsl.testbed import NetnsTestbed, remove_stale
 from malleparsl.testbed.netns import NS_PREFIX, ip
-
-HERE = Path(__file__).resolve().parent
 
 
 def _can_run() -> None:
@@ -42,8 +38,3 @@ def no_namespace_left_behind():
         ip("netns", "del", ns, check=False)
     assert not mine, f"namespaces left behind by this run: {mine}"
 
-
-def worker_init() -> str:
-    """Pilots find this interpreter and the tests' helper modules."""
-    return (f"export PATH={Path(sys.executable).parent}:$PATH; "
-            f"export PYTHONPATH={HERE}:${{PYTHONPATH:-}}")

@@ -15,7 +15,7 @@ import pytest
 parsl = pytest.importorskip("parsl")
 dist = pytest.importorskip("torch.distributed")
 
-from conftest import worker_init  # noqa: E402
+from testbed_env import worker_init  # noqa: E402
 
 from malleparsl.executors.bench_multihost import (  # noqa: E402
     COLLECTIVE_TIMEOUT_S,

@@ -18,7 +18,7 @@ import pytest
 parsl = pytest.importorskip("parsl")
 dist = pytest.importorskip("torch.distributed")
 
-from conftest import worker_init  # noqa: E402
+from testbed_env import worker_init  # noqa: E402
 
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_digits import train_digits  # noqa: E402

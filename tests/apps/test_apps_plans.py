@@ -53,7 +53,7 @@ def _close(hist, base):
     ("dp@mb=5", 1), ("ckpt", 1), ("ckpt@mb=7", 3), ("zero1", 3), ("zero1+ckpt@mb=4", 2),
 ])
 def test_every_plan_matches_data_parallel_trajectory(runner, baseline, plan, size) -> None:
-    hist = _run(runner, [(size, None, plan)], job_id=f"plans-{plan}-{size}")
+    hist = _run(runner, [(size, None, plan)], job_id=f"plans-{plan}-{size}".replace("@", "_").replace("=", ""))  # a safe name
     _close(hist, baseline)
     assert {h["plan"] for h in hist} == {plan}
     assert {h["sharded"] for h in hist} == {parse_plan(plan).zero and size > 1}

@@ -5,8 +5,6 @@ count the samples of all its trials."""
 
 from __future__ import annotations
 
-import datetime
-import json
 import time
 
 import pytest
@@ -17,7 +15,6 @@ from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.fused import train_array  # noqa: E402
 from malleparsl.apps.fused_digits import build_mlp, digits_data, train_alone  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.executors.protocol import progress_key  # noqa: E402
 from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,27 +32,15 @@ def wait_for(cond, what, ex, timeout_s=NODE_TIMEOUT_S):
         time.sleep(0.02)
 
 
-def _client(ex):
-    """Our own TCPStore client: the driver's store object belongs to the control thread."""
-    import torch.distributed as dist
-
-    port = ex.control.store_port
-    if port not in _clients:
-        _clients[port] = dist.TCPStore("127.0.0.1", port, None, False,
-                                       timeout=datetime.timedelta(seconds=10))
-    return _clients[port]
-
-
-def segment_of(ex, job_id):
-    job = ex.control.jobs.get(job_id)
-    return None if job is None else job.segment
+def view(ex, job_id):
+    """The job as the control loop last published it (``executor.snapshot()``)."""
+    return ex.snapshot().jobs.get(job_id)
 
 
 def running_at(ex, job_id, size, min_step=0):
-    seg = segment_of(ex, job_id)
-    if seg is None or len(seg.nodes) != size or seg.last_progress_time is None:
-        return False
-    return json.loads(_client(ex).get(progress_key(job_id, seg.index)))["step"] >= min_step
+    job = view(ex, job_id)
+    return (job is not None and len(job.nodes) == size and job.stepping
+            and job.step is not None and job.step >= min_step)
 
 
 def test_array_shrinks_from_2_to_1_node_and_every_trial_keeps_its_trajectory(tmp_path) -> None:
@@ -76,12 +61,12 @@ def test_array_shrinks_from_2_to_1_node_and_every_trial_keeps_its_trajectory(tmp
         fut = app(trials=trials, build=build_mlp, data=digits_data, global_batch=GB,
                   stops=[STEPS // 2, STEPS], malleable_options={"job_id": "array"})
         wait_for(lambda: running_at(ex, "array", 2, 15), "the array at 2 nodes", ex)
-        seg = segment_of(ex, "array")
-        doc = json.loads(_client(ex).get(progress_key("array", seg.index)))
-        src.take(seg.nodes[-1])  # the source reclaims a node: the array shrinks
+        job = view(ex, "array")
+        doc = {"samples": job.samples, "step": job.step}
+        src.take(job.nodes[-1])  # the source reclaims a node: the array shrinks
         wait_for(lambda: running_at(ex, "array", 1, 1), "shrink to 1 node", ex)
         result = fut.result(timeout=NODE_TIMEOUT_S)
-        kinds = [r.kind for r in ex.control.jobs["array"].rescales]
+        kinds = [r.kind for r in view(ex, "array").rescales]
     finally:
         dfk.cleanup()
         parsl.clear()

@@ -21,7 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 WARM = ("torch.distributed", "malleparsl.apps.fused_digits", "sklearn.datasets")
 STEPS, GB = 160, 32
 NODE_TIMEOUT_S = 300
-_clients: dict[int, object] = {}
 
 
 def wait_for(cond, what, ex, timeout_s=NODE_TIMEOUT_S):

@@ -32,6 +32,7 @@ from typing import Any
 
 import typer
 
+from malleparsl.executors.bench_rescale import _wait  # one wait helper for the benches
 from malleparsl.executors.faults import FAULTS, Fault, get_fault
 
 log = logging.getLogger(__name__)
@@ -122,14 +123,6 @@ class Rig:
         if self.has_tmpfs:
             subprocess.run(["umount", "-l", self.tmpfs], capture_output=True)
         return ok
-
-
-def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _step(rig: Rig, job: Any) -> int:

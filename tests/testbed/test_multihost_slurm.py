@@ -60,6 +60,6 @@ def test_preemption_end_to_end_across_hosts(slurm_on_hosts, tmp_path):
         # 8 slurmds, 5 pilots and their ranks: on a loaded 2-core machine steps slow down,
         # so the job gets longer to finish than on loopback
         run_preemption_e2e(slurm, tmp_path, address=bed.bridge_address,
-                           socket_ifname=bed.ifname, finish_timeout_s=900)
+                           socket_ifname=bed.ifname, stall_s=300)
     finally:
         sys.path.remove(str(SCAVENGER_TESTS))

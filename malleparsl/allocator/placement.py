@@ -7,7 +7,9 @@ rules keep every rescale as cheap as the counts allow and never migrate a job:
 - a job that shrinks keeps its longest-lived nodes and releases the others ("release before
   add": released nodes join the pool before anyone grows);
 - growing jobs take the longest-lived pool nodes, the most horizon-demanding job first, so a
-  job whose growth only pays on long-lived nodes gets them.
+  job whose growth only pays on long-lived nodes gets them;
+- a job made to grow to a size where its rate falls (its minimum is above what it holds) loses
+  more the longer its new nodes stay, so it takes the shortest-lived pool nodes instead.
 
 A node's remaining idle time ("horizon") comes from :func:`node_horizons`; nodes with no known
 end share one default, and ties break by node name, so the mapping is deterministic.
@@ -103,11 +105,16 @@ def place(
     if grow_order is not None:
         rank = {job: i for i, job in enumerate(grow_order)}
         growers.sort(key=lambda j: rank.get(j.job_id, len(rank)))
-    pos = 0
+    front, back = 0, len(pool)
     for j in growers:
-        need = int(counts[j.job_id]) - len(kept[j.job_id])
-        kept[j.job_id] = kept[j.job_id] + pool[pos : pos + need]
-        pos += need
+        have = len(kept[j.job_id])
+        need = int(counts[j.job_id]) - have
+        if j.curve.rate(have + need) < j.curve.rate(have):  # a forced, losing growth
+            kept[j.job_id] = kept[j.job_id] + pool[back - need : back]
+            back -= need
+        else:
+            kept[j.job_id] = kept[j.job_id] + pool[front : front + need]
+            front += need
     return Allocation({job: frozenset(nodes) for job, nodes in kept.items() if nodes})
 
 

@@ -96,8 +96,10 @@ def run_recorded(  # noqa: PLR0913 - the simulate options that select a case
     seed: int = 0,
     top: int = 5,
     policy_options: dict | None = None,
+    semantics: str = "default",
 ) -> tuple[SlowestDecisions, Any]:
-    """Replay a case as ``malleparsl simulate`` would (default accounting), policy wrapped."""
+    """Replay a case as ``malleparsl simulate`` would, with the policy wrapped."""
+    from malleparsl.sim.bftrainer import _BFReplay
     from malleparsl.sim.cli import _jobs, _warmup
     from malleparsl.sim.engine import SimOptions, _Replay
     from malleparsl.traces import load_trace
@@ -110,8 +112,14 @@ def run_recorded(  # noqa: PLR0913 - the simulate options that select a case
     if start_h is None and not generated:
         t0 = max(full.start_s + warm, min((j.submit_s for j in specs), default=full.start_s))
     t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
-    opts = SimOptions(max_active=max_active or None, seed=seed)
-    rep = _Replay(full.window(t0, t1), specs, policy, opts, policy_options or {}, full)
+    opts = SimOptions(max_active=max_active or None, seed=seed, semantics=semantics)
+    win, popts = full.window(t0, t1), policy_options or {}
+    if semantics == "bftrainer":
+        rep: Any = _BFReplay(
+            win, specs, policy, opts.max_active, opts.tfwd_s, popts, full, opts.horizon
+        )
+    else:
+        rep = _Replay(win, specs, policy, opts, popts, full)
     rec = SlowestDecisions(rep.ctl.policy, top=top)
     rep.ctl.policy = rec
     w0 = time.perf_counter()
@@ -166,6 +174,7 @@ def bench_worst_decisions(  # noqa: PLR0913 - CLI options
     start_h: float | None = typer.Option(None, help="Window start, hours since the trace start."),
     policy: str = typer.Option("milp", help="Policy (setup) to time."),
     max_active: int = typer.Option(10, help="Concurrent-job cap (0 = none)."),
+    semantics: str = typer.Option("default", help="Accounting: 'default' or 'bftrainer'."),
     top: int = typer.Option(5, help="How many of the slowest decisions to keep."),
     dump: Path | None = typer.Option(None, help="Pickle the slowest instances here."),  # noqa: B008
     resolve: Path | None = typer.Option(None, help="Re-solve this dumped instance instead."),  # noqa: B008
@@ -184,10 +193,11 @@ def bench_worst_decisions(  # noqa: PLR0913 - CLI options
         return
     rec, res = run_recorded(
         trace=trace, nodes=nodes, jobs=jobs, hours=hours, start_h=start_h, policy=policy,
-        max_active=max_active, top=top, policy_options=options,
+        max_active=max_active, top=top, policy_options=options, semantics=semantics,
     )
     head = {
-        "case": f"{trace} {nodes} {jobs} start_h={start_h} hours={hours} cap={max_active}",
+        "case": f"{trace} {nodes} {jobs} start_h={start_h} hours={hours} cap={max_active} "
+        f"{semantics}",
         "policy": policy,
         "options": options,
         "samples": res.samples,

@@ -28,10 +28,13 @@ import numpy as np
 from malleparsl.allocator.countmodel import OptionTable
 from malleparsl.allocator.reduction import net_use
 
-__all__ = ["MAX_CELLS", "solve_one_pool"]
+__all__ = ["CHUNK_CELLS", "MAX_CELLS", "solve_one_pool"]
 
-MAX_CELLS = 50_000_000
-"""Largest ``options x (capacity + 1)`` the programme takes on (about a second of numpy)."""
+MAX_CELLS = 20_000_000
+"""Largest ``options x (capacity + 1)`` the programme takes on (~0.1 s of numpy; larger
+tables go to the time-limited solver)."""
+CHUNK_CELLS = 1_000_000
+"""Cells evaluated at once (8 MB of floats per array)."""
 
 
 def solve_one_pool(
@@ -61,12 +64,21 @@ def solve_one_pool(
     m = np.arange(cap + 1)
     best = np.zeros(cap + 1)  # best[m]: best value of the jobs so far with total weight <= m
     picks: list[np.ndarray] = []
+    step = max(1, CHUNK_CELLS // (cap + 1))  # rows per block: bounded memory for big jobs
     for rows in rows_of:
-        idx = m[None, :] - weight[rows][:, None]
-        cand = np.where(idx >= 0, best[np.maximum(idx, 0)] + table.value[rows][:, None], -np.inf)
-        arg = np.argmax(cand, axis=0)
-        best = cand[arg, m]
-        picks.append(rows[arg])
+        new, pick = np.full(cap + 1, -np.inf), np.zeros(cap + 1, dtype=np.int64)
+        for lo in range(0, rows.size, step):
+            block = rows[lo : lo + step]
+            idx = m[None, :] - weight[block][:, None]
+            cand = np.where(
+                idx >= 0, best[np.maximum(idx, 0)] + table.value[block][:, None], -np.inf
+            )
+            arg = np.argmax(cand, axis=0)
+            top = cand[arg, m]
+            better = top > new  # ties keep the earlier block's (lower) row
+            new[better], pick[better] = top[better], block[arg[better]]
+        best = new
+        picks.append(pick)
     if not np.isfinite(best[cap]):
         return None
     chosen: list[int] = []

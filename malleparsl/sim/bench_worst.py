@@ -175,6 +175,7 @@ def bench_worst_decisions(  # noqa: PLR0913 - CLI options
     policy: str = typer.Option("milp", help="Policy (setup) to time."),
     max_active: int = typer.Option(10, help="Concurrent-job cap (0 = none)."),
     semantics: str = typer.Option("default", help="Accounting: 'default' or 'bftrainer'."),
+    seed: int = typer.Option(0, help="Seed of generated jobs (poisson:N)."),
     top: int = typer.Option(5, help="How many of the slowest decisions to keep."),
     dump: Path | None = typer.Option(None, help="Pickle the slowest instances here."),  # noqa: B008
     resolve: Path | None = typer.Option(None, help="Re-solve this dumped instance instead."),  # noqa: B008
@@ -194,10 +195,11 @@ def bench_worst_decisions(  # noqa: PLR0913 - CLI options
     rec, res = run_recorded(
         trace=trace, nodes=nodes, jobs=jobs, hours=hours, start_h=start_h, policy=policy,
         max_active=max_active, top=top, policy_options=options, semantics=semantics,
+        seed=seed,
     )
     head = {
         "case": f"{trace} {nodes} {jobs} start_h={start_h} hours={hours} cap={max_active} "
-        f"{semantics}",
+        f"{semantics} seed={seed}",
         "policy": policy,
         "options": options,
         "samples": res.samples,

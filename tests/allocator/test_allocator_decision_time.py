@@ -129,3 +129,15 @@ def test_nested_levels_under_a_tiny_time_limit_give_a_valid_allocation():
     alloc = pol.allocate(snap, jobs)
     assert feasibility_problems(snap, jobs, alloc) == []
     assert pol.last_stats["kept"] <= pol.last_stats["options"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_programme_in_small_blocks_gives_the_same_optimum(monkeypatch, seed):
+    import malleparsl.allocator.knapsack as knapsack
+
+    snap, jobs = _instance(n_jobs=8, n_nodes=64, seed=seed)
+    table = build_options(snap, jobs, node_horizons(snap))
+    whole = solve_one_pool(table, len(jobs))
+    monkeypatch.setattr(knapsack, "CHUNK_CELLS", 50)  # a few rows per block
+    blocks = solve_one_pool(table, len(jobs))
+    assert float(table.value[blocks].sum()) == pytest.approx(float(table.value[whole].sum()))

@@ -141,3 +141,13 @@ def test_programme_in_small_blocks_gives_the_same_optimum(monkeypatch, seed):
     monkeypatch.setattr(knapsack, "CHUNK_CELLS", 50)  # a few rows per block
     blocks = solve_one_pool(table, len(jobs))
     assert float(table.value[blocks].sum()) == pytest.approx(float(table.value[whole].sum()))
+
+
+def test_solver_time_limit_fault_configuration_still_gives_a_valid_allocation():
+    # what `bench faults` injects (executors/faults.py): no reduction, no programme, 1 us
+    snap, jobs = _instance(seed=2)
+    pol = make_policy("milp", time_limit_s=1e-6, reduce=False, dp=False)
+    alloc = pol.allocate(snap, jobs)
+    assert pol.last_result is not None  # the solver ran
+    assert feasibility_problems(snap, jobs, alloc) == []
+    assert len(alloc.used_nodes) >= sum(len(j.current) for j in jobs)

@@ -62,7 +62,7 @@ class MilpPolicy(AllocationPolicy):
         ``"highs"`` (default, in-process) or ``"cbc"``.
     time_limit_s
         Budget of one decision (seconds): the solver gets what is left of it after the model
-        is built and reduced (at least 0.05 s). On timeout the best solution found is used, or
+        is built and reduced (at least 0.05 s, at most ``time_limit_s``). On timeout the best solution found is used, or
         the reduction's feasible choice (the solver's warm start) if that is better; with
         neither, the current allocation minus lost nodes (topped up greedily with free nodes)
         — never an empty map. Only the nested-level model (``max_levels > 1``) and tables too

@@ -230,8 +230,9 @@ class SolverTimeLimit(Fault):
                                      res.status if res is not None else "none")
                 return out
 
-        # no LP-bound shortcut: the MILP solver runs, and stops at the limit, at every replan
-        self.policy = Recording(solver="highs", time_limit_s=1e-6, reduce=False)
+        # no LP-bound shortcut, no exact dynamic programme: the MILP solver runs, and stops at
+        # the limit, at every replan
+        self.policy = Recording(solver="highs", time_limit_s=1e-6, reduce=False, dp=False)
         rig.ex.control.set_policy(self.policy)
         rig.lent.append(rig.fresh_name())
         rig.src.idle(rig.lent[-1])  # an event, so the loop replans with it now

@@ -40,6 +40,7 @@ COMMANDS: list[tuple[str | None, str, str]] = [
     ("bench", "jpa", "malleparsl.jpa.bench:bench_jpa"),
     ("bench", "fused", "malleparsl.apps.bench_fused:bench_fused"),
     ("bench", "decisions", "malleparsl.sim.bench_decisions:bench_decisions"),
+    ("bench", "worst-decisions", "malleparsl.sim.bench_worst:bench_worst_decisions"),
     ("bench", "multihost", "malleparsl.executors.bench_multihost:bench_multihost"),
     ("bench", "plans", "malleparsl.apps.bench_plans:bench_plans"),
     ("bench", "slurm", "malleparsl.scavenger.bench:bench_slurm"),

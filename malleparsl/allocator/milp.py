@@ -22,6 +22,7 @@ onto a node that leaves before the gain repays the rescale pause.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from malleparsl.allocator.base import (
     register_policy_factory,
 )
 from malleparsl.allocator.countmodel import OptionTable, build_options, horizon_objective
+from malleparsl.allocator.knapsack import solve_one_pool
 from malleparsl.allocator.objective import check_inputs
 from malleparsl.allocator.placement import fallback_counts, longest_first, node_horizons, place
 from malleparsl.allocator.reduction import Reduction, net_use, reduce_options
@@ -46,6 +48,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MilpPolicy"]
 
+MIN_SOLVER_S = 0.05
+"""The solver's time when the budget is nearly spent by building and reducing the model."""
+
 
 @register_policy("milp")
 class MilpPolicy(AllocationPolicy):
@@ -56,8 +61,12 @@ class MilpPolicy(AllocationPolicy):
     solver
         ``"highs"`` (default, in-process) or ``"cbc"``.
     time_limit_s
-        Solver time limit. On timeout the best solution found is used; with none, the current
-        allocation minus lost nodes (topped up greedily with free nodes) — never an empty map.
+        Budget of one decision (seconds): the solver gets what is left of it after the model
+        is built and reduced (at least 0.05 s, at most ``time_limit_s``). On timeout the best solution found is used, or
+        the reduction's feasible choice (the solver's warm start) if that is better; with
+        neither, the current allocation minus lost nodes (topped up greedily with free nodes)
+        — never an empty map. Only the nested-level model (``max_levels > 1``) and tables too
+        large for the dynamic programme reach the solver.
     mip_gap
         Relative optimality gap at which the solver may stop.
     horizon
@@ -76,6 +85,10 @@ class MilpPolicy(AllocationPolicy):
     reduce
         Remove options the LP relaxation proves cannot be optimal before the MILP
         (:mod:`~malleparsl.allocator.reduction`; exact, and much faster at scale).
+    dp
+        Solve one-pool models (``milp``; ``milp-horizon`` with ``max_levels=1``) exactly by
+        dynamic programming (:mod:`~malleparsl.allocator.knapsack`) instead of the MILP solver:
+        same optimum, time bounded by the table's size. ``False`` always runs the solver.
     threads
         Solver threads (``None``: the solver's default). One by default: these models are
         small, and on a shared node extra solver threads mostly wait for a core.
@@ -85,7 +98,7 @@ class MilpPolicy(AllocationPolicy):
         self,
         *,
         solver: str = "highs",
-        time_limit_s: float = 5.0,
+        time_limit_s: float = 0.4,
         mip_gap: float = 1e-6,
         horizon: bool = False,
         default_horizon_s: float | None = None,
@@ -93,6 +106,7 @@ class MilpPolicy(AllocationPolicy):
         max_levels: int = 1,
         reduce: bool = True,
         threads: int | None = 1,
+        dp: bool = True,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if isinstance(max_levels, bool) or not isinstance(max_levels, int) or max_levels < 1:
@@ -106,14 +120,17 @@ class MilpPolicy(AllocationPolicy):
         self.max_levels = max_levels
         self.reduce = reduce
         self.threads = threads
+        self.dp = dp
         self.last_result: SolveResult | None = None
         self.last_fallback = False
+        self.last_stats: dict[str, object] = {}
 
     def __repr__(self) -> str:
         extra = ", horizon=True" if self.horizon else ""
         return f"{type(self).__name__}(solver={self.solver!r}, time_limit_s={self.time_limit_s}{extra})"
 
     def allocate(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> Allocation:
+        t0 = time.perf_counter()
         check_inputs(snapshot, jobs)
         self.last_result, self.last_fallback = None, False
         horizons = node_horizons(
@@ -129,6 +146,7 @@ class MilpPolicy(AllocationPolicy):
         red = reduce_options(table, len(jobs), gap=self.mip_gap) if self.reduce else None
         if red is not None:
             table = table.subset(red.keep)
+        self.last_stats = {"options": len(full), "kept": len(table)}
         if red is not None and _proved(red, len(table), len(jobs), self.mip_gap):
             remap = np.cumsum(red.keep) - 1
             chosen: list[int] | None = [int(remap[i]) for i in red.incumbent]
@@ -138,7 +156,16 @@ class MilpPolicy(AllocationPolicy):
             if red is not None:
                 remap = np.cumsum(red.keep) - 1
                 start = [int(remap[i]) for i in red.incumbent]
-            chosen = self._solve(table, len(jobs), start)
+            chosen = self._exact_dp(table, len(jobs)) if self.dp else None
+            if chosen is None:
+                left = self.time_limit_s - (time.perf_counter() - t0)
+                limit = min(self.time_limit_s, max(MIN_SOLVER_S, left))
+                chosen = self._solve(table, len(jobs), start, limit)
+        if self.last_result is not None:
+            self.last_stats |= {
+                "status": self.last_result.status,
+                "solver_ms": round(1e3 * self.last_result.seconds, 2),
+            }
         if red is not None:  # the reduction's feasible choice, if the solver did worse
             remap = np.cumsum(red.keep) - 1
             mine = [int(remap[i]) for i in red.incumbent]
@@ -177,12 +204,28 @@ class MilpPolicy(AllocationPolicy):
                 return keep
         return alloc
 
+    def _exact_dp(self, table: OptionTable, n_jobs: int) -> list[int] | None:
+        """One pool: the exact optimum by dynamic programming (``None``: use the solver)."""
+        t0 = time.perf_counter()
+        chosen = solve_one_pool(table, n_jobs)
+        if chosen is not None:
+            value = float(table.value[chosen].sum())
+            self.last_result = SolveResult(
+                "optimal", time.perf_counter() - t0, value, "exact dynamic programme (one pool)"
+            )
+        return chosen
+
     def _solve(
-        self, table: OptionTable, n_jobs: int, start: list[int] | None = None
+        self,
+        table: OptionTable,
+        n_jobs: int,
+        start: list[int] | None = None,
+        time_limit_s: float | None = None,
     ) -> list[int] | None:
         """Row index of the chosen option per job, or ``None`` without a usable solution.
 
-        ``start`` (one row per job, feasible) is handed to the solver as a first solution.
+        ``start`` (one row per job, feasible) is handed to the solver as a first solution;
+        ``time_limit_s`` (default: the policy's) is what is left of the decision's budget.
         """
         prob = pulp.LpProblem("malleparsl_counts", pulp.LpMaximize)
         y = [prob.add_variable(f"y{i}", 0, 1, cat=pulp.LpBinary) for i in range(len(table))]
@@ -205,7 +248,7 @@ class MilpPolicy(AllocationPolicy):
         res = solve(
             prob,
             solver=self.solver,
-            time_limit_s=self.time_limit_s,
+            time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s,
             mip_gap=self.mip_gap,
             threads=self.threads,
             start=None if start is None else {f"y{i}": 1.0 for i in start},

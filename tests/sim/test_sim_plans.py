@@ -51,3 +51,27 @@ def test_unused_capacity_and_jct_over_all_jobs() -> None:
     assert got["dp"].summary()["mean_jct_h"] is None  # nothing finished
     assert mean_jct_all_h(got["dp"]) == pytest.approx(2.0, rel=1e-6)
     assert mean_jct_all_h(got["aware"]) <= 2.0 + 1e-9
+
+
+def test_bench_plans_simulator_options() -> None:
+    """``bench plans --no-cpu``: the comparison with every job large and no cap, as JSON."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from malleparsl.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, [
+        "bench", "plans", "--no-cpu", "--json", "--sim-limit", "6", "--sim-hours", "6",
+        "--sim-samples-scale", "0.01", "--sim-large-every", "1", "--sim-max-active", "0",
+        "--sim-dp-nodes", "8:12",
+    ])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout.strip().splitlines()[-1])
+    assert row["large_jobs"] == 6 and row["limit"] == 6
+    for key in ("jct_ratio_vs_dp_only", "jct_all_ratio_vs_dp_only", "samples_ratio_vs_dp_only"):
+        assert row[key] is not None and row[key] > 0, key
+    assert row["plan_aware"]["unused_node_h"] <= row["dp_only"]["unused_node_h"]
+    bad = runner.invoke(app, ["bench", "plans", "--no-cpu", "--sim-dp-nodes", "5:3"])
+    assert bad.exit_code == 2 and "--sim-dp-nodes" in bad.output

@@ -17,6 +17,7 @@ from typing import Any
 
 import typer
 
+from malleparsl.errors import SpecError
 from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
 
 
@@ -119,10 +120,18 @@ def bench_plans(
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line."),
     quick: bool = typer.Option(False, help="One tuned and one held-out case only."),
     sim: bool = typer.Option(True, help="Also run the simulator comparison (item 5)."),
+    cpu: bool = typer.Option(True, help="Measure the plans on CPU (--no-cpu: simulator only)."),
     sim_hours: float = typer.Option(48.0, help="Simulated window in hours."),
     sim_nodes: str = typer.Option("0:128", help="Node slice of the Summit trace."),
     sim_limit: int = typer.Option(0, help="Use only the first N jobs (0: all)."),
     sim_samples_scale: float = typer.Option(1.0, help="Scale every job's samples."),
+    sim_max_active: int = typer.Option(
+        10, help="Concurrent-job cap; 0: none (the allocator decides admission)."),
+    sim_large_every: int = typer.Option(
+        3, help="Every N-th job is a large model (1: all, Rubick's memory-bound case)."),
+    sim_dp_nodes: str = typer.Option(
+        "4:16", help="LO:HI nodes plain data parallelism needs for the large models."),
+    sim_policy: str = typer.Option("milp", help="Simulator policy (setup)."),
 ) -> None:
     """Execution plans on CPU (samples/s, peak memory vs the memory model) and the simulator's
     plan-aware vs data-parallel-only comparison on the Summit trace.
@@ -132,9 +141,17 @@ def bench_plans(
     """
     import json
 
+    lo, _, hi = sim_dp_nodes.partition(":")
+    if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise SpecError(f"--sim-dp-nodes must be LO:HI with 1 <= LO <= HI, got {sim_dp_nodes!r}")
+    if sim_max_active < 0 or sim_large_every < 1:
+        raise SpecError(f"need --sim-max-active >= 0 and --sim-large-every >= 1, got "
+                        f"{sim_max_active} and {sim_large_every}")
     cases = [("tuned", c) for c in TUNED] + [("held_out", c) for c in HELD_OUT]
     if quick:
         cases = [cases[0], cases[len(TUNED)]]
+    if not cpu:
+        cases = []
     for which, case in cases:
         row = {"set": which, **measure_plan(case)}
         if json_out:
@@ -149,5 +166,7 @@ def bench_plans(
     from malleparsl.sim.plans import compare_plans
 
     res = compare_plans(hours=sim_hours, nodes=sim_nodes, limit=sim_limit or None,
-                        samples_scale=sim_samples_scale)
+                        samples_scale=sim_samples_scale, policy=sim_policy,
+                        max_active=sim_max_active or None, large_every=sim_large_every,
+                        dp_nodes=(int(lo), int(hi)))
     print(json.dumps(res, default=float), flush=True)

@@ -51,6 +51,7 @@ class JobView:
     rescales: tuple[RescaleView, ...]
     restarts: int
     resolutions: int
+    plans: tuple[tuple[int, int, str, float], ...] = ()  # (segment, size, plan, start) per segment
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def job_view(job: Any) -> JobView:
                                    r.decided_s, r.first_step_s) for r in job.rescales),
         restarts=job.restarts,
         resolutions=job.resolutions,
+        plans=tuple(tuple(p) for p in getattr(job, "plan_log", ())),
     )
 
 

@@ -221,6 +221,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
             result = wf.run(runner, timeout_s=s.timeout_s, raise_on_failure=False)
         rec.stop()
         rescales = rec.rescale_count()
+        plans = rec.plan_changes()
         idle_ns, used_ns = rec.node_seconds()
     finally:
         dfk.cleanup()
@@ -243,6 +244,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         "best_checkpoint": None if best is None else best.checkpoint,
         "rescales": sum(rescales.values()),
         "rescales_by_kind": rescales,
+        **({"plans": plans} if plans else {}),  # which execution plan ran when (issue 17)
         "node_seconds_idle": round(idle_ns, 1),  # what the idle nodes offered
         "node_seconds_used": round(used_ns, 1),  # of those, the ones running training
         "utilisation": round(used_ns / idle_ns, 3) if idle_ns else None,

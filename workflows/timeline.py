@@ -132,3 +132,19 @@ class Recorder:
             for r in job.rescales:
                 out[r.kind] = out.get(r.kind, 0) + 1
         return out
+
+    def plan_changes(self) -> dict[str, str]:
+        """Which execution plan ran when, for jobs that ran any plan but plain data parallelism:
+        ``{job: "dp@mb=64 x1 (0 s) -> dp x4 (93 s)"}``, seconds from the job's first segment."""
+        out: dict[str, str] = {}
+        if self.control is None:
+            return out
+        for job_id, job in self.executor.snapshot().jobs.items():
+            log = job.plans
+            if not log or all(plan == "dp" for _, _, plan, _ in log):
+                continue
+            t0 = log[0][3]
+            out[job_id] = " -> ".join(f"{plan} x{size} ({start - t0:.0f} s)"
+                                      for _, size, plan, start in log)
+        return out
+

@@ -18,6 +18,7 @@ from malleparsl.apps.examples_plans import train_blocks  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
 from malleparsl.plans import MemoryProfile  # noqa: E402
 from malleparsl.site_configs.local import local_config  # noqa: E402
+from malleparsl.workflows.timeline import Recorder  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 NODE_TIMEOUT_S = 300
@@ -71,10 +72,17 @@ def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
         src.take("n1")
         src.take("n2")
         result = fut.result(timeout=NODE_TIMEOUT_S)
+        # the report's view of which plan ran when: the control loop's snapshot, then a Recorder
+        wait_for(lambda: len(ex.snapshot().jobs["planned"].plans) == len(job.plan_log),
+                 "the snapshot to list every segment's plan", ex)
+        seen = ex.snapshot().jobs["planned"].plans
+        changes = Recorder(executor=ex).plan_changes()
     finally:
         dfk.cleanup()
         parsl.clear()
     plans = [(size, plan) for _, size, plan, _ in job.plan_log]
+    assert [(size, plan) for _, size, plan, _ in seen] == plans
+    assert changes["planned"].startswith("dp@mb=24 x1 (0 s) -> ") and " dp x3 (" in changes["planned"]
     assert plans[0] == (1, "dp@mb=24")
     assert (3, "dp") in plans
     assert plans[-1] == (1, "dp@mb=24"), plans

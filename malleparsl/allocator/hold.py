@@ -15,7 +15,9 @@ with ``exposure(k) = rescale_down_s * r(k)`` when the nodes are expected to be t
 before the job is done (a preemption the job would not suffer without them), else 0. That is
 the asymmetry a myopic model misses: growth is paid for at once and again when the nodes go,
 and pays back over their whole stay, not over ``Tfwd``. A start pays its pause like any grow
-(the job trains nothing until it is up) and needs its minimum size, so the same values decide
+(the job trains nothing until it is up) — unless it would finish on the nodes it gets: that
+pause is due once whenever the job starts, so it is not charged (else a job whose last samples
+take less than its pause would never finish) — and needs its minimum size, so the same values decide
 *admission*: the controller may offer more jobs than ``max_active`` and a queued job starts
 only when its start is worth more than the growth of the running ones.
 
@@ -82,7 +84,11 @@ def hold_values(
     # "pause": the job trains nothing during the pause (at its new size: a start pays too);
     # "old-rate": BFTrainer's accounting, a lump of pause x the rate before (a start is free)
     paid = rk if charge == "pause" else rc
-    grow = (rk - rc) * h_grow - s.rescale_up_s * paid - exposure
+    # a stopped job that would finish on these nodes pays its start pause now or later, but
+    # pays it once whatever happens: charging it here would leave a job whose last samples
+    # take less than the pause stopped for ever (its result never delivered)
+    pause = np.where((c == 0) & (job_h <= free_h), 0.0, s.rescale_up_s * paid)
+    grow = (rk - rc) * h_grow - pause - exposure
     shrink = -(rc - rk) * np.minimum(own_h, job_h) - s.rescale_down_s * paid
     val = np.where(sizes > c, grow, np.where(sizes < c, shrink, 0.0))
     return s.weight * val

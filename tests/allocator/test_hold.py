@@ -118,3 +118,11 @@ def test_bad_options_are_refused():
         make_policy("hold", objective="fastest")
     with pytest.raises(SpecError, match="jct_weight"):
         make_policy("hold", objective="mix", jct_weight=2.0)
+
+
+def test_a_stopped_job_whose_last_samples_take_less_than_its_pause_is_started():
+    """50 samples left (5 s at one node, under the 20 s pause): the pause is due whenever it
+    starts, so leaving it stopped only withholds the user's result (regression: never started)."""
+    j = view("a", total=1e6, remaining=50.0)
+    assert make_policy("hold").allocate(snap(4), [j]).size("a") >= 1
+    assert make_policy("hold", objective="jct").allocate(snap(4), [j]).size("a") >= 1

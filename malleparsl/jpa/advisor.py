@@ -264,13 +264,13 @@ class JobProfilingAdvisor(CurveAdvisor):
         if pop is not None:
             # the population's expected curve: go to its best size at once, and do not plan
             # unexplored sizes above what it expects (plus kappa sd, with the monitor's noise)
-            nxt = choose_next_size(pop.mean, lo=top + 1, hi=rec.spec.max_nodes,
+            nxt = choose_next_size(pop.mean, lo=top + 1, hi=min(rec.spec.max_nodes, pop.support),
                                    available=n_tab, gain_tol=self.gain_tol)
             if nxt is not None:
                 limit = max(limit, nxt)
             noise = self._noise if self._noise is not None else self.default_noise
             psd = np.hypot(pop.sd[1 : n_tab + 1], noise * pop.mean[1 : n_tab + 1])
-            beyond = n > top
+            beyond = (n > top) & (n <= pop.support)  # unmeasured by the job, measured by others
             ucb[beyond] = np.minimum(ucb[beyond], (pop.mean[1 : n_tab + 1] + kappa * psd)[beyond])
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:

@@ -11,8 +11,9 @@ best-explored set seen. For a job with measured points it gives a :class:`ShapeP
 
 - each shape is scaled to the job's level (least squares in log rate over the job's sizes) and
   weighted by ``exp(-misfit / 2 tol^2)``; a shape must cover the job's largest measured size;
-- the expected rate at ``n`` is the weighted mean of the scaled shapes, flat past each shape's
-  largest measured size (growth nobody measured is not assumed), its spread the uncertainty.
+- the expected rate at ``n`` is the weighted mean of the scaled shapes that measured ``n``
+  (renormalised), its spread the uncertainty; past the largest size any shape measured the
+  posterior says nothing (held flat, and the advisor does not use it there).
 
 :func:`choose_next_size` turns the posterior into the job's next size to try: the smallest
 size, within the job's bounds and the nodes there are, whose expected rate is within
@@ -70,6 +71,7 @@ class ShapePosterior:
     sd: np.ndarray
     members: int
     weight: float  # sum of the members' agreement weights (each at most 1)
+    support: int  # the largest size any member measured: beyond it mean/sd are held flat
 
 
 class ShapePrior:
@@ -111,7 +113,7 @@ class ShapePrior:
         logs = np.log([pts[int(n)] for n in sizes])
         top = int(sizes[-1])
         n = np.arange(1, n_max + 1, dtype=float)
-        curves, weights = [], []
+        curves, weights, ends = [], [], []
         for key, shape in self.shapes.items():
             if key == exclude or not shape.covers(top) or shape.sizes[-1] <= top:
                 continue  # must say something about the job's level and beyond it
@@ -119,16 +121,23 @@ class ShapePrior:
             level = float(np.mean(resid))
             misfit = float(np.sum((resid - level) ** 2))
             weights.append(math.exp(-misfit / (2 * self.tol**2)))
-            curves.append(np.exp(level + shape.log_rate(n)))
+            c = np.exp(level + shape.log_rate(n))
+            c[n > shape.sizes[-1]] = np.nan  # this shape says nothing there
+            curves.append(c)
+            ends.append(shape.sizes[-1])
         if not curves or sum(weights) < self.min_weight:
             return None
-        w = np.asarray(weights) / sum(weights)
-        c = np.vstack(curves)
-        mean = w @ c
-        sd = np.sqrt(np.maximum(w @ (c - mean) ** 2, 0.0))
-        pad = np.zeros(1)
-        return ShapePosterior(np.concatenate([pad, mean]), np.concatenate([pad, sd]),
-                              len(curves), float(sum(weights)))
+        support = min(max(ends), n_max)
+        c = np.vstack(curves)[:, :support]
+        w = np.where(np.isnan(c), 0.0, np.asarray(weights)[:, None])
+        w = w / np.maximum(w.sum(axis=0), 1e-300)
+        c = np.nan_to_num(c)
+        mean = np.sum(w * c, axis=0)
+        sd = np.sqrt(np.maximum(np.sum(w * (c - mean) ** 2, axis=0), 0.0))
+        flat = np.full(n_max - support, mean[-1])
+        mean = np.concatenate([[0.0], mean, flat])
+        sd = np.concatenate([[0.0], sd, np.full(n_max - support, sd[-1])])
+        return ShapePosterior(mean, sd, len(curves), float(sum(weights)), int(support))
 
 
 def choose_next_size(

@@ -84,7 +84,7 @@ def test_no_posterior_without_shapes_reaching_past_the_job_or_without_readings()
     assert prior.posterior({}, 16) is None
     assert prior.posterior({1: 10.0}, 16, exclude="m") is None  # its own model is no population
     post = prior.posterior({1: 10.0}, 16)
-    assert post is not None and post.mean[16] == pytest.approx(30.0)  # flat past 4: not assumed
+    assert post is not None and post.support == 4 and post.mean[16] == pytest.approx(30.0)
 
 
 def test_a_better_explored_shape_is_kept_and_bad_input_is_refused():

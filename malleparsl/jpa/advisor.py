@@ -20,7 +20,10 @@ model structures that fit the data, so sizes where the structures disagree look 
 someone runs there — and every run segment at any size is a measurement. Optimism never exceeds
 linear scaling from the best per-node rate seen (no job is promised super-linear speed-up), and
 ``explore_factor`` (default 4; ``None`` turns it off) caps growth to that multiple of the largest
-explored size, flat beyond. Rescale pauses measured live replace the spec's values.
+explored size, flat beyond. Other models' measured shapes (:mod:`malleparsl.jpa.explore`) widen
+that limit to the size the population expects to pay best, and cap the optimism at sizes they
+measured, so a new model jumps instead of walking the ladder. Rescale pauses measured live
+replace the spec's values.
 
 A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
 without a usable reading and is retried after an exponential back-off; its probe node-seconds

@@ -87,7 +87,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         optimism: str = "total",
         robust: bool = True,
         explore_min_s: float = 300.0,
-        shape_prior: bool = True,
+        shape_prior: bool = False,
         gain_tol: float = 0.02,
     ) -> None:
         for name, v, lo in [

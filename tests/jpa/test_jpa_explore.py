@@ -127,3 +127,9 @@ def _after_one_probe(shape_prior: bool) -> int:
 def test_a_new_model_jumps_to_the_best_size_the_population_expects():
     assert _after_one_probe(shape_prior=True) == 12
     assert _after_one_probe(shape_prior=False) <= 4  # the ladder: x4 per reading
+
+
+def test_the_shape_prior_is_off_by_default():
+    """Measured on the zoo it did not beat the ladder (docs/jpa.md), so it is opt-in."""
+    assert JobProfilingAdvisor().shapes is None
+    assert JobProfilingAdvisor(shape_prior=True).shapes is not None

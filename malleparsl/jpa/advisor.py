@@ -20,7 +20,10 @@ model structures that fit the data, so sizes where the structures disagree look 
 someone runs there — and every run segment at any size is a measurement. Optimism never exceeds
 linear scaling from the best per-node rate seen (no job is promised super-linear speed-up), and
 ``explore_factor`` (default 4; ``None`` turns it off) caps growth to that multiple of the largest
-explored size, flat beyond. Rescale pauses measured live replace the spec's values.
+explored size, flat beyond. Other models' measured shapes (:mod:`malleparsl.jpa.explore`) widen
+that limit to the size the population expects to pay best, and cap the optimism at sizes they
+measured, so a new model jumps instead of walking the ladder. Rescale pauses measured live
+replace the spec's values.
 
 A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
 without a usable reading and is retried after an exponential back-off; its probe node-seconds
@@ -40,6 +43,7 @@ from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
 from malleparsl.jpa.estimate import CurveEstimate
+from malleparsl.jpa.explore import ShapePrior, choose_next_size
 from malleparsl.jpa.knowledge import JobRecord, Probe
 from malleparsl.model import Allocation, JobSpec, ScalingCurve
 
@@ -83,6 +87,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         optimism: str = "total",
         robust: bool = True,
         explore_min_s: float = 300.0,
+        shape_prior: bool = False,
+        gain_tol: float = 0.02,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -111,6 +117,11 @@ class JobProfilingAdvisor(CurveAdvisor):
         if not (math.isfinite(explore_min_s) and explore_min_s >= 0):
             raise SpecError(f"explore_min_s must be a finite number of seconds >= 0, got {explore_min_s!r}")
         self.robust, self.explore_min_s = robust, explore_min_s
+        if not (math.isfinite(gain_tol) and 0 <= gain_tol < 1):
+            raise SpecError(f"gain_tol must be a number in [0, 1), got {gain_tol!r}")
+        self.gain_tol = gain_tol
+        # other models' measured shapes: where a sparsely measured job should go next
+        self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
         self.records: dict[str, JobRecord] = {}
         self.priors: dict[str, CurveEstimate] = {}
         self.pause_pool: dict[str, list[float]] = {"up": [], "down": []}
@@ -146,6 +157,7 @@ class JobProfilingAdvisor(CurveAdvisor):
             return
         a, b = rec.noise_sums()
         self._noise_sums = (self._noise_sums[0] + a, self._noise_sums[1] + b)
+        self._offer_shape(rec)
         est = rec.estimate(max(rec.spec.max_nodes, 1), default_noise=self.default_noise)
         if est is not None and rec.measured_sizes:
             key = profile_key(rec.spec)
@@ -205,6 +217,7 @@ class JobProfilingAdvisor(CurveAdvisor):
             if js.spec.job_id not in self.records:
                 self.register(js.spec, now)
             recs.append(self.records[js.spec.job_id])
+            self._offer_shape(recs[-1])
         self._update_probes(now, recs, allocation, len(snapshot.nodes))
         n_nodes = len(snapshot.nodes)
         known = {r.job_id for r in recs if self.predictable(r)}
@@ -227,7 +240,7 @@ class JobProfilingAdvisor(CurveAdvisor):
     def planning_curve(self, rec: JobRecord, n_tab: int) -> ScalingCurve | None:
         """``min(mean + kappa sigma, linear bound)``; flat past ``explore_factor`` x explored."""
         short = self._nearly_done(rec)
-        key = (rec.version, short)
+        key = (rec.version, short, self.shapes.version if self.shapes is not None else 0)
         hit = rec.plan_cache.get(n_tab)
         if hit is not None and hit[0] == key:
             return hit[1]
@@ -250,6 +263,18 @@ class JobProfilingAdvisor(CurveAdvisor):
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
         kappa = self.kappa
         ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
+        pop = None if short else self._shape_posterior(rec, n_tab)
+        if pop is not None:
+            # the population's expected curve: go to its best size at once, and do not plan
+            # unexplored sizes above what it expects (plus kappa sd, with the monitor's noise)
+            nxt = choose_next_size(pop.mean, lo=top + 1, hi=min(rec.spec.max_nodes, pop.support),
+                                   available=n_tab, gain_tol=self.gain_tol)
+            if nxt is not None:
+                limit = max(limit, nxt)
+            noise = self._noise if self._noise is not None else self.default_noise
+            psd = np.hypot(pop.sd[1 : n_tab + 1], noise * pop.mean[1 : n_tab + 1])
+            beyond = (n > top) & (n <= pop.support)  # unmeasured by the job, measured by others
+            ucb[beyond] = np.minimum(ucb[beyond], (pop.mean[1 : n_tab + 1] + kappa * psd)[beyond])
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:
             plan[limit:] = plan[limit - 1]
@@ -258,6 +283,20 @@ class JobProfilingAdvisor(CurveAdvisor):
         return curve
 
     # ---- internals ----------------------------------------------------------------------
+    def _offer_shape(self, rec: JobRecord) -> None:
+        """A job's own measured means become its model's shape (if it spans >= 2 sizes)."""
+        key = profile_key(rec.spec)
+        if self.shapes is not None and key and len(rec.obs) >= 2:
+            self.shapes.offer(key, {k: float(np.mean(x)) for k, x in rec.obs.items() if x})
+
+    def _shape_posterior(self, rec: JobRecord, n_tab: int):  # noqa: ANN202
+        """Other models' shapes conditioned on this job's own readings (None: no prior of the
+        same model is better, none agree, or nothing measured yet)."""
+        if self.shapes is None or rec.prior is not None or not rec.obs:
+            return None
+        own = {k: float(np.mean(x)) for k, x in rec.obs.items() if x}
+        return self.shapes.posterior(own, n_tab, exclude=profile_key(rec.spec))
+
     def _live_prior(self, key: str) -> CurveEstimate | None:
         """A running job of the same model, the best explored one, as a prior (None if none)."""
         best = None

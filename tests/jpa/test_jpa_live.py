@@ -102,8 +102,12 @@ def test_digits_job_without_curve_is_profiled_and_its_measured_curve_planned_wit
         wait_for(lambda: len(inner.calls) > n_calls, 60, "a replan after the measurement")
         views, sizes = inner.calls[-1]
         curve = views[job].curve
+        # readings keep arriving while we wait (and swing on a loaded machine): the replan saw
+        # the readings of some moment between the two reads, so its rate lies near one of them
+        after = {k: sum(rec.obs[k]) / len(rec.obs[k]) for k in measured}
         for k, r in measured.items():
-            assert curve.rate(k) == pytest.approx(r, rel=0.25), (k, curve.rate(k), r, measured)
+            lo, hi = min(r, after[k]), max(r, after[k])
+            assert 0.75 * lo <= curve.rate(k) <= 1.25 * hi, (k, curve.rate(k), r, after[k])
         # optimism never promises more than linear scaling from the best per-node rate seen
         best = max(r / k for k, r in measured.items())
         assert all(curve.rate(k) <= best * k * 1.0001 for k in range(1, N_NODES + 1))

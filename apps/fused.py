@@ -27,6 +27,7 @@ and the JPA see one job whose rate is the sum over its trials.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -51,9 +52,7 @@ def request_drop(array_dir: str | os.PathLike[str], trial_ids: Sequence[str]) ->
     """Ask the array checkpointing into ``array_dir`` to drop ``trial_ids`` at its next step."""
     path = Path(array_dir) / DROP_FILE
     old = set(json.loads(path.read_text())) if path.exists() else set()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sorted(old | set(trial_ids))))
-    os.replace(tmp, path)
+    _write_json(path, sorted(old | set(trial_ids)))
 
 
 def result_path(array_dir: str | os.PathLike[str], trial_id: str, step: int) -> Path:
@@ -206,8 +205,12 @@ def train_array(
         """Collective: the trials to drop now (rank 0 reads the file, everyone learns)."""
         mask = torch.zeros(len(state.ids))
         path = array_dir / DROP_FILE if array_dir is not None else None
-        if ctx.rank == 0 and path is not None and path.exists() and path.stat().st_mtime != drop_seen[0]:
-            drop_seen[0] = path.stat().st_mtime
+        mtime = None
+        if ctx.rank == 0 and path is not None:  # one stat per step: this runs every step
+            with contextlib.suppress(FileNotFoundError):
+                mtime = path.stat().st_mtime
+        if mtime is not None and mtime != drop_seen[0]:
+            drop_seen[0] = mtime
             asked = set(json.loads(path.read_text()))
             mask = torch.tensor([1.0 if t in asked else 0.0 for t in state.ids])
         ctx.broadcast(mask)

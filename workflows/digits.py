@@ -146,6 +146,12 @@ def train_digits_array(ctx: Any, *, trials: list[dict[str, Any]], stops: list[in
                        global_batch=batch, stops=stops)
 
 
+@functools.lru_cache(maxsize=1)
+def _n_train() -> int:
+    """Rows of the training split (loading it reads and checksums the cached arrays)."""
+    return len(load_split()[0])
+
+
 def steps_of(config: Mapping[str, Any]) -> int:
     """Steps a configuration trains in all (its budget over the training split)."""
-    return total_steps(config, len(load_split()[0]))
+    return total_steps(config, _n_train())

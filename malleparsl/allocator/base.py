@@ -43,6 +43,12 @@ class JobView:
             )
 
     @property
+    def remaining(self) -> float:
+        """Samples left: the reported progress, else the spec's total."""
+        rem = self.remaining_samples
+        return float(self.spec.total_samples if rem is None else rem)
+
+    @property
     def job_id(self) -> str:
         return self.spec.job_id
 

@@ -57,11 +57,6 @@ __all__ = ["HoldPolicy", "hold_values"]
 WINDOW = 4
 
 
-def _remaining(view: JobView) -> float:
-    rem = getattr(view, "remaining_samples", None)
-    return float(view.spec.total_samples if rem is None else rem)
-
-
 def hold_values(
     view: JobView, sizes: np.ndarray, free_h: float, own_h: float, charge: str = "pause"
 ) -> np.ndarray:
@@ -75,7 +70,7 @@ def hold_values(
     top = int(max(int(sizes.max(initial=0)), c))
     r = view.curve.rates_upto(top)
     rc, rk = r[c], r[sizes]
-    left = _remaining(view)
+    left = view.remaining
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
     s = view.spec

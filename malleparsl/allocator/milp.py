@@ -62,10 +62,10 @@ class MilpPolicy(AllocationPolicy):
         ``"highs"`` (default, in-process) or ``"cbc"``.
     time_limit_s
         Budget of one decision (seconds): the solver gets what is left of it after the model
-        is built and reduced (at least 0.05 s, at most ``time_limit_s``). On timeout the best solution found is used, or
-        the reduction's feasible choice (the solver's warm start) if that is better; with
-        neither, the current allocation minus lost nodes (topped up greedily with free nodes)
-        — never an empty map. Only the nested-level model (``max_levels > 1``) and tables too
+        is built and reduced (at least 0.05 s, at most ``time_limit_s``). On timeout the best
+        solution found is used, or the reduction's feasible choice (the solver's warm start) if
+        that is better; with neither, the current allocation minus lost nodes (topped up
+        greedily with free nodes) — never an empty map. Only the nested-level model (``max_levels > 1``) and tables too
         large for the dynamic programme reach the solver.
     mip_gap
         Relative optimality gap at which the solver may stop.
@@ -144,34 +144,32 @@ class MilpPolicy(AllocationPolicy):
             snapshot, jobs, horizons, horizon_aware=self.horizon, max_levels=self.max_levels
         )
         red = reduce_options(table, len(jobs), gap=self.mip_gap) if self.reduce else None
+        mine: list[int] | None = None  # the reduction's feasible choice, as rows of the kept table
         if red is not None:
             table = table.subset(red.keep)
+            remap = np.cumsum(red.keep) - 1
+            mine = [int(remap[i]) for i in red.incumbent]
         self.last_stats = {"options": len(full), "kept": len(table)}
         if red is not None and _proved(red, len(table), len(jobs), self.mip_gap):
-            remap = np.cumsum(red.keep) - 1
-            chosen: list[int] | None = [int(remap[i]) for i in red.incumbent]
+            chosen = mine
             self.last_result = SolveResult("optimal", 0.0, red.lower, "proved by the LP bound")
         else:
-            start = None
-            if red is not None:
-                remap = np.cumsum(red.keep) - 1
-                start = [int(remap[i]) for i in red.incumbent]
             chosen = self._exact_dp(table, len(jobs)) if self.dp else None
             if chosen is None:
                 left = self.time_limit_s - (time.perf_counter() - t0)
                 limit = min(self.time_limit_s, max(MIN_SOLVER_S, left))
-                chosen = self._solve(table, len(jobs), start, limit)
+                chosen = self._solve(table, len(jobs), mine, limit)
         if self.last_result is not None:
             self.last_stats |= {
                 "status": self.last_result.status,
                 "solver_ms": round(1e3 * self.last_result.seconds, 2),
             }
-        if red is not None:  # the reduction's feasible choice, if the solver did worse
-            remap = np.cumsum(red.keep) - 1
-            mine = [int(remap[i]) for i in red.incumbent]
-            if chosen is None or table.value[chosen].sum() < table.value[mine].sum() - 1e-9:
-                self.last_fallback = chosen is None
-                chosen = mine
+        # the reduction's feasible choice, if the solver did worse
+        if mine is not None and (
+            chosen is None or table.value[chosen].sum() < table.value[mine].sum() - 1e-9
+        ):
+            self.last_fallback = chosen is None
+            chosen = mine
         if chosen is None:
             self.last_fallback = True
             return _fallback(snapshot, jobs, horizons)

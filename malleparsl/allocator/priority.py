@@ -38,11 +38,6 @@ OBJECTIVES = ("throughput", "jct", "mix")
 """Objectives the ``hold`` policy optimises (see the module docstring)."""
 
 
-def _remaining(view: JobView) -> float:
-    rem = getattr(view, "remaining_samples", None)
-    return float(view.spec.total_samples if rem is None else rem)
-
-
 def _ranks(x: np.ndarray) -> np.ndarray:
     """0-based ranks, ties sharing their mean rank (a fair Borda count)."""
     order = np.argsort(x, kind="stable")
@@ -62,19 +57,20 @@ def priority_weights(
     if objective == "throughput" or n == 0:
         return np.ones(n)
     w = np.ones(n)
-    pred = [i for i, j in enumerate(jobs) if math.isfinite(_remaining(j))]
-    unpred = [i for i in range(n) if i not in set(pred)]
+    pred = [i for i, j in enumerate(jobs) if math.isfinite(j.remaining)]
+    predictable = set(pred)
+    unpred = [i for i in range(n) if i not in predictable]
     if pred:
         t = np.array(
             [
-                _remaining(jobs[i]) / max(float(jobs[i].curve.rates_upto(jobs[i].hi).max()), 1e-12)
+                jobs[i].remaining / max(float(jobs[i].curve.rates_upto(jobs[i].hi).max()), 1e-12)
                 for i in pred
             ]
         )
         inv = 1.0 / np.maximum(t, 1.0)
         w[pred] = inv / inv.mean()
     if unpred:
-        att = np.array([float(getattr(jobs[i], "attained_samples", 0.0)) for i in unpred])
+        att = np.array([jobs[i].attained_samples for i in unpred])
         gain = np.array(
             [
                 float(jobs[i].curve.rate(jobs[i].hi)) / max(float(jobs[i].curve.rate(1)), 1e-12)

@@ -200,10 +200,9 @@ class _BFReplay:
         held = {j: self.ctl.allocation.nodes_of(j) for j in before}
         for jid in before:
             self.ctl.report_progress(jid, samples_done=max(0.0, self.done[jid]))
-        plan = self.ctl.replan(now_s=now)
+        self.ctl.replan(now_s=now)
         self.solve.append(self.ctl.history[-1].solve_s)
         self.ctl.history.clear()
-        del plan
         for jid, old in before.items():
             new_nodes = self.ctl.allocation.nodes_of(jid)
             new = len(new_nodes)

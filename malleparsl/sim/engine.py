@@ -122,7 +122,7 @@ def simulate(
             progress=progress,
         )
     t_wall = time.perf_counter()
-    rep = _Replay(trace, jobs, policy, options or SimOptions(), policy_options or {}, history)
+    rep = _Replay(trace, jobs, policy, opts, policy_options or {}, history)
     rep.run(progress)
     return rep.result(time.perf_counter() - t_wall)
 

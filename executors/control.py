@@ -450,11 +450,6 @@ class ControlLoop:
         with self._snapshot_lock:
             return self._snapshot
 
-    def rescale_pauses(self) -> list[float]:
-        """Every measured rescale pause (decision -> first step at the new size), in seconds."""
-        return [r.pause_s for j in self.jobs.values() for r in j.rescales
-                if r.pause_s is not None and r.kind in ("up", "down", "same")]
-
 
 def default_store_address(executor: Any) -> str:
     """The executor's own address when it names one host (the nodes reach it), else loopback."""

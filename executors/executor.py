@@ -137,8 +137,6 @@ class MalleableExecutor(HighThroughputExecutor):
         poll_period_s = control.poll_period_s
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0):
             raise SpecError(f"nodes must be an integer >= 0, got {nodes!r}")
-        if not poll_period_s > 0:
-            raise SpecError(f"poll_period_s must be > 0 seconds, got {poll_period_s!r}")
         if provider is None:
             provider = LocalProvider(init_blocks=0, min_blocks=0, max_blocks=1_000_000)
         if getattr(provider, "nodes_per_block", 1) != 1:
@@ -164,6 +162,8 @@ class MalleableExecutor(HighThroughputExecutor):
         self.advisor = advisor
         self.node_source = node_source
         self.control_options = control
+        # Parsl's RepresentationMixin reads every __init__ argument back as an attribute (config
+        # repr, monitoring): these two mirror the options object, which is what the loop reads.
         self.max_active = control.max_active
         self.poll_period_s = poll_period_s
         self.ckpt_root = ckpt_root

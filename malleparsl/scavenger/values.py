@@ -50,9 +50,3 @@ def select_resources(value: str, *, what: str = "select_options") -> str:
         )
     return value
 
-
-def one_line(value: str, *, what: str) -> str:
-    """A free-form value that must stay on its script line."""
-    if "\n" in value or "\r" in value:
-        raise SpecError(f"{what} {value!r} contains a newline; it must fit on one script line")
-    return value

@@ -89,7 +89,11 @@ class IdleTrace:
         lo = self.start_s if start_s is None else float(start_s)
         hi = self.end_s if end_s is None else float(end_s)
         if not hi > lo:
-            raise SpecError(f"time window [{lo}, {hi}) is empty; give end > start")
+            raise SpecError(
+                f"time window [{lo:g}, {hi:g}) s is empty: trace {self.name!r} spans "
+                f"[{self.start_s:g}, {self.end_s:g}) s ({self.duration_s / 3600:.1f} h); "
+                "give a start inside it and an end after the start"
+            )
         f = self.fragments
         keep = (f["end_s"] > lo) & (f["start_s"] < hi)
         g = f.loc[keep].copy()

@@ -128,3 +128,29 @@ def test_the_allocator_plans_with_the_profilers_curve_and_the_driver_runs_its_pl
     assert again.curve.rate(2) == pytest.approx(10.0, rel=0.05)
     ctl.finish("big", now_s=2)
     assert "big" not in prof.jobs and ctl.plan_for("big", 2) is None
+
+
+def test_with_the_job_profiling_advisor_plan_jobs_get_plan_aware_views_too() -> None:
+    """The JPA learns per size from the same readings; a plan job's view is still the profiler's
+    curve and minimum size (inside the JPA's probe bounds when it probes the job)."""
+    from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
+
+    jpa, prof = JobProfilingAdvisor(), PlanProfiler()
+    rec = Recording()
+    rec.inner = ProbeFirst(advisor=jpa, inner="milp")
+    ctl = Controller(policy=rec, advisor=jpa, plans=prof)
+    ctl.add_nodes([f"n{i}" for i in range(4)], now_s=0)
+    opts = {"job_id": "big", "min_nodes": 1, "max_nodes": 4, "memory_profile": PROF.as_dict(),
+            "global_batch": 64, "node_memory_bytes": 160 * MIB, "total_samples": 1e9}
+    ctl.submit(spec_from_options(opts), now_s=0)
+    ctl.replan(now_s=0)
+    view = rec.views[-1]["big"]
+    pc = prof.jobs["big"].curve(4, name="big")
+    assert view.curve is pc.curve and view.lo == 2 and view.hi >= 2
+    n = len(ctl.allocation.nodes_of("big"))
+    plan = ctl.plan_for("big", n)
+    for t in range(1, 4):
+        ctl.observe("big", n_nodes=n, samples_per_s=50.0, now_s=t, plan=plan)
+    assert list(jpa.records["big"].obs[n]) == [50.0, 50.0]  # the JPA saw them (1 warm-up dropped)
+    ctl.replan(now_s=4)
+    assert rec.views[-1]["big"].curve.rate(n) == pytest.approx(50.0, rel=0.05)

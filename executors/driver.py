@@ -288,10 +288,11 @@ class MalleableJob:
         log.info("job %s: stop requested for segment %d", self.job_id, seg.index)
 
     def _launch(self, nodes: tuple[NodeId, ...]) -> None:
+        plan = self._choose_plan(len(nodes))  # first: if it raises, the job stays waiting
         index = self.next_index
         self.next_index += 1
         seg = _Segment(index=index, nodes=nodes, started_s=self.clock(),
-                       ranks_per_node=self.ranks_per_node)
+                       ranks_per_node=self.ranks_per_node, plan=plan)
         self.segment, self.state = seg, JobState.RUNNING
         self.history.append(nodes)
         rec = self._pending
@@ -306,7 +307,6 @@ class MalleableJob:
             self.rescales.append(rec)
             self._pending = None
         options = self.options
-        seg.plan = self._choose_plan(len(nodes))
         if seg.plan is not None:  # the best plan that fits at this size (Rubick)
             options = {**options, "plan": seg.plan.name}
         self.plan_log.append((index, len(nodes), str(options.get("plan") or "dp"), self.clock()))

@@ -75,3 +75,15 @@ def test_without_a_profiler_the_prior_chooses_and_fixed_plans_are_not_reported(t
     assert ex2.infos[0].options["plan"] == "zero1"  # the job's own plan, not asked for one
     store2.set(progress_key("p", 0), json.dumps({"time": 1.0, "samples_per_s": 9.0}))
     assert fixed.read_progress() == ProgressReading(2, 9.0, None)
+
+
+def test_a_size_no_plan_fits_leaves_the_job_waiting_with_a_clear_error(tmp_path) -> None:
+    import pytest
+
+    from malleparsl.executors.driver import JobState
+    from malleparsl.plans import MemoryBudgetError
+
+    job, ex, _ = make(tmp_path, options={**OPTS, "node_memory_bytes": 0.1 * MIB})
+    with pytest.raises(MemoryBudgetError, match="no execution plan fits 0.1 MiB per node at 1"):
+        job.reconcile(frozenset({"a"}))
+    assert job.state is JobState.WAITING and job.segment is None and not ex.infos

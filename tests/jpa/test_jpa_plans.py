@@ -154,3 +154,23 @@ def test_with_the_job_profiling_advisor_plan_jobs_get_plan_aware_views_too() -> 
     assert list(jpa.records["big"].obs[n]) == [50.0, 50.0]  # the JPA saw them (1 warm-up dropped)
     ctl.replan(now_s=4)
     assert rec.views[-1]["big"].curve.rate(n) == pytest.approx(50.0, rel=0.05)
+
+
+def test_bench_rows_predict_each_case_from_the_others() -> None:
+    """``malleparsl bench plans``' performance-model lines: leave-one-out predictions from a
+    model fitted like the live profiler's; noise-free steps of a known model come back close."""
+    pytest.importorskip("typer")
+    from malleparsl.apps.bench_plans import perf_model_rows
+
+    prof = MemoryProfile(params=500_000, act_per_sample=4e4, act_ckpt_per_sample=1e4)
+    true = PlanPerfModel.default(prof).scaled(compute=0.05, recompute=0.08, micro_batch=0.01)
+    cases = [("dp", 1), ("dp@mb=512", 1), ("ckpt", 1), ("ckpt", 2), ("zero1", 2),
+             ("zero1+ckpt@mb=256", 3)]
+    rows = [{"set": "tuned", "plan": p, "n": n, "width": 256, "depth": 8, "global_batch": 4096,
+             "samples_per_s": true.rate(parse_plan(p), n=n, global_batch=4096),
+             "params": prof.params, "act_per_sample": prof.act_per_sample,
+             "act_ckpt_per_sample": prof.act_ckpt_per_sample} for p, n in cases]
+    rows.append({**rows[0], "width": 384})  # another shape alone: nothing to fit it on
+    got = perf_model_rows(rows)
+    assert [(r["plan"], r["n"]) for r in got] == cases and all(r["fitted_on"] == 5 for r in got)
+    assert max(abs(r["rate_error"]) for r in got) < 0.15

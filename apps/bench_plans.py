@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from malleparsl.errors import SpecError
-from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
+from malleparsl.plans import MemoryProfile, PlanOptions, parse_plan, plan_memory
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,31 @@ def measure_plan(case: PlanCase, *, timeout_s: float = 600.0) -> dict[str, Any]:
     }
 
 
+def perf_model_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The JPA's per-plan performance model against the measured samples/s: for every case,
+    the model fitted (:func:`malleparsl.jpa.plans.fit_perf`, from the scaled prior as live) on
+    the *other* cases of the same model shape, predicting this one (leave-one-out)."""
+    from malleparsl.jpa.plans import JobPlans
+
+    out = []
+    for row in rows:
+        same = [r for r in rows if r is not row and (r["width"], r["depth"], r["global_batch"])
+                == (row["width"], row["depth"], row["global_batch"])]
+        if not same:
+            continue
+        prof = MemoryProfile.from_dict({k: row[k] for k in ("params", "act_per_sample",
+                                                           "act_ckpt_per_sample")})
+        jp = JobPlans(PlanOptions(prof, row["global_batch"]))
+        for r in same:
+            jp.observe(parse_plan(r["plan"]), r["n"], samples_per_s=r["samples_per_s"])
+        pred = jp.model.rate(parse_plan(row["plan"]), n=row["n"], global_batch=row["global_batch"])
+        out.append({"kind": "perf_model", "set": row["set"], "plan": row["plan"], "n": row["n"],
+                    "fitted_on": len(same), "samples_per_s": row["samples_per_s"],
+                    "predicted_samples_per_s": pred,
+                    "rate_error": pred / row["samples_per_s"] - 1})
+    return out
+
+
 TUNED = (  # the cases the memory model was checked on while it was written
     PlanCase(plan="dp", n=1, width=256, depth=8, global_batch=4096, steps=3),
     PlanCase(plan="dp@mb=512", n=1, width=256, depth=8, global_batch=4096, steps=3),
@@ -152,8 +177,10 @@ def bench_plans(
         cases = [cases[0], cases[len(TUNED)]]
     if not cpu:
         cases = []
+    rows = []
     for which, case in cases:
         row = {"set": which, **measure_plan(case)}
+        rows.append(row)
         if json_out:
             print(json.dumps(row), flush=True)
         else:
@@ -161,6 +188,13 @@ def bench_plans(
                   f"samples/s  peak {row['peak_bytes'] / 2**20:7.1f} MiB  predicted "
                   f"{row['predicted_bytes'] / 2**20:7.1f} MiB  error {row['memory_error']:+.1%}",
                   flush=True)
+    for row in perf_model_rows(rows):
+        if json_out:
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"perf-model {row['set']:8s} {row['plan']:20s} n={row['n']} predicted "
+                  f"{row['predicted_samples_per_s']:8.0f} samples/s  measured "
+                  f"{row['samples_per_s']:8.0f}  error {row['rate_error']:+.1%}", flush=True)
     if not sim:
         return
     from malleparsl.sim.plans import compare_plans

@@ -119,8 +119,9 @@ def prepare(
     ``blocks``: the modules to checkpoint under a ``ckpt`` plan (e.g. a transformer's layers);
     required for those plans. With the option ``node_memory_bytes`` (the node's budget), and
     ``profile`` and ``global_batch``, the plan's predicted peak is checked against the budget
-    before training; always with a budget, the measured
-    growth of this process's memory after each of the first steps (:class:`MemoryGuard`).
+    before training (the node's ranks together: ``ctx.local_world_size`` peaks); always with
+    a budget, the measured growth of this process's memory after each of the first steps
+    against its share of the node's budget (:class:`MemoryGuard`).
     """
     plan: ExecPlan = ctx.plan
     if plan.checkpoint and blocks is None:
@@ -129,13 +130,16 @@ def prepare(
             "repeated layers) to prepare()"
         )
     budget = ctx.options.get("node_memory_bytes")
-    guard = MemoryGuard(budget) if budget else None
+    per_node = max(1, int(getattr(ctx, "local_world_size", 1) or 1))  # ranks sharing the node
+    guard = MemoryGuard(budget, ranks=per_node) if budget else None
     if budget and profile is not None and global_batch:
-        need = plan_memory(profile, plan, n=ctx.world_size, global_batch=global_batch).peak
+        need = per_node * plan_memory(profile, plan, n=ctx.world_size,
+                                      global_batch=global_batch).peak
         if need > float(budget):
             raise MemoryBudgetError(
-                f"plan {plan.name} needs {need / 2**20:.1f} MiB per node at {ctx.world_size} "
-                f"node(s), over the node budget of {float(budget) / 2**20:.1f} MiB"
+                f"plan {plan.name} needs {need / 2**20:.1f} MiB per node at "
+                f"{max(1, ctx.world_size // per_node)} node(s) of {per_node} rank(s), over the "
+                f"node budget of {float(budget) / 2**20:.1f} MiB"
             )
     model = model.to(ctx.device)
     if blocks is not None:
@@ -153,10 +157,11 @@ class MemoryGuard:
     parameters, gradients and optimizer state all exist); raises :class:`MemoryBudgetError`
     instead of letting the node run out of memory."""
 
-    def __init__(self, budget: float, *, steps: int = 3) -> None:
+    def __init__(self, budget: float, *, steps: int = 3, ranks: int = 1) -> None:
         from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss
 
         self.budget = float(budget)
+        self.ranks = max(1, int(ranks))  # ranks sharing the node: each may grow by its share
         self.steps = steps
         reset_peak_rss()
         self.base = peak_rss_bytes()
@@ -168,10 +173,11 @@ class MemoryGuard:
             return
         self.steps -= 1
         used = peak_rss_bytes() - self.base
-        if used > self.budget:
+        if used > self.budget / self.ranks:
+            share = "" if self.ranks == 1 else f"its 1/{self.ranks} share of "
             raise MemoryBudgetError(
-                f"this rank's memory grew by {used / 2**20:.1f} MiB, over the node budget of "
-                f"{self.budget / 2**20:.1f} MiB (node_memory_bytes); run a leaner plan "
+                f"this rank's memory grew by {used / 2**20:.1f} MiB, over {share}the node budget "
+                f"of {self.budget / 2**20:.1f} MiB (node_memory_bytes); run a leaner plan "
                 "(ckpt, zero1, smaller micro-batches) or more nodes"
             )
 

@@ -33,6 +33,7 @@ from malleparsl.executors.planning import build_policy, spec_from_options
 from malleparsl.executors.protocol import new_key_prefix
 from malleparsl.executors.snapshot import ControlSnapshot, take_snapshot
 from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_node
+from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
 from malleparsl.scavenger.base import NodeEvent, NodeSource
@@ -92,6 +93,7 @@ class ControlLoop:
             advisor=advisor,
             max_active=opts.max_active,
             tfwd_s=opts.tfwd_s,
+            plans=PlanProfiler(),
         )
         self.node_source = node_source
         self.poll_period_s = opts.poll_period_s
@@ -182,7 +184,8 @@ class ControlLoop:
         """Queue a malleable job; its future gets rank 0's result or the user's exception."""
         if not self.alive:
             raise RuntimeError("the control loop is not running; start the executor first")
-        spec = spec_from_options(options, now_s=self.clock())
+        spec = spec_from_options(options, now_s=self.clock(),
+                                 ranks_per_node=self.options.ranks_per_node)
         check_safe_name(spec.job_id, what="job_id")  # it becomes <ckpt_root>/<job_id>
         opts = {**dict(options), "job_id": spec.job_id}
         ckpt_dir = str(opts.get("ckpt_dir") or os.path.join(self.ckpt_root, spec.job_id))
@@ -196,6 +199,7 @@ class ControlLoop:
             key_prefix=self.key_prefix,
             ranks_per_node=self.options.ranks_per_node, rank_env=self.options.rank_env,
             backend=self.options.resolved_backend(),
+            plan_for=lambda n, j=spec.job_id: self.controller.plan_for(j, n),
         )
         self._queue.put(("submit", job))
         return job.future
@@ -397,7 +401,8 @@ class ControlLoop:
                 log.debug("job %s: progress not read: %r", job_id, exc)
                 prog = None
             if prog is not None and job_id in self.controller.jobs:
-                self.controller.observe(job_id, n_nodes=prog[0], samples_per_s=prog[1], now_s=now)
+                self.controller.observe(job_id, n_nodes=prog.nodes, samples_per_s=prog.samples_per_s,
+                                        now_s=now, plan=prog.plan)
                 self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up

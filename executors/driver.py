@@ -38,6 +38,7 @@ from malleparsl.executors.protocol import (
     stop_key,
 )
 from malleparsl.model import JobSpec, NodeId
+from malleparsl.plans import ExecPlan, parse_plan, plan_options
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,15 @@ class RescaleRecord:
         return max(0.0, self.first_step_s - self.decided_s - self.ckpt_io_s)
 
 
+@dataclass(frozen=True)
+class ProgressReading:
+    """A new progress record of the running segment: its size, rate and execution plan."""
+
+    nodes: int
+    samples_per_s: float
+    plan: ExecPlan | None  # None: the job runs a fixed plan of its own (no automatic plans)
+
+
 @dataclass
 class _Segment:
     index: int
@@ -115,6 +125,7 @@ class _Segment:
     stop_deadline_s: float | None = None  # a requested stop must be honoured by then
     hung: set[NodeId] = field(default_factory=set)  # nodes whose ranks missed the deadline
     last_progress_time: float | None = None
+    plan: ExecPlan | None = None  # the automatic plan this segment runs (None: a fixed one)
 
     @property
     def resolved(self) -> int:
@@ -179,6 +190,10 @@ class MalleableJob:
         Rank tasks per node, the environment of local rank ``i`` (``rank_env(i)``: socket
         interface, device binding) and the collective backend, from the executor's
         :class:`~malleparsl.executors.options.ControlOptions`.
+    plan_for : callable, optional
+        ``plan_for(nodes) -> ExecPlan | None``: the plan to run at a size, for a job with
+        automatic plans (the control loop asks the controller's plan profiler). Without it
+        such a job takes the best plan by the performance model's prior.
     """
 
     def __init__(
@@ -203,6 +218,7 @@ class MalleableJob:
         ranks_per_node: int = 1,
         rank_env: Callable[[int], dict[str, str]] | None = None,
         backend: str = "gloo",
+        plan_for: Callable[[int], ExecPlan | None] | None = None,
     ) -> None:
         self.spec = spec
         self.job_id = spec.job_id
@@ -237,9 +253,8 @@ class MalleableJob:
         self._last_save_s = 0.0
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
-        from malleparsl.jpa.plans import PlanChooser
-
-        self.planner = PlanChooser.from_options(self.options)  # None: the job's fixed plan
+        self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
+        self.plan_for = plan_for
         self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
         os.makedirs(ckpt_dir, exist_ok=True)
 
@@ -273,10 +288,11 @@ class MalleableJob:
         log.info("job %s: stop requested for segment %d", self.job_id, seg.index)
 
     def _launch(self, nodes: tuple[NodeId, ...]) -> None:
+        plan = self._choose_plan(len(nodes))  # first: if it raises, the job stays waiting
         index = self.next_index
         self.next_index += 1
         seg = _Segment(index=index, nodes=nodes, started_s=self.clock(),
-                       ranks_per_node=self.ranks_per_node)
+                       ranks_per_node=self.ranks_per_node, plan=plan)
         self.segment, self.state = seg, JobState.RUNNING
         self.history.append(nodes)
         rec = self._pending
@@ -291,8 +307,8 @@ class MalleableJob:
             self.rescales.append(rec)
             self._pending = None
         options = self.options
-        if self.planner is not None:  # the best plan that fits at this size (Rubick)
-            options = {**options, "plan": self.planner.choose(len(nodes)).name}
+        if seg.plan is not None:  # the best plan that fits at this size (Rubick)
+            options = {**options, "plan": seg.plan.name}
         self.plan_log.append((index, len(nodes), str(options.get("plan") or "dp"), self.clock()))
         log.info("job %s: segment %d on %s, plan %s", self.job_id, index, ",".join(nodes),
                  options.get("plan") or "dp")
@@ -325,6 +341,17 @@ class MalleableJob:
             fut.add_done_callback(
                 lambda f, s=index, r=rank: self.post(("rank", self.job_id, s, r, f))
             )
+
+    def _choose_plan(self, nodes: int) -> ExecPlan | None:
+        """The plan profiler's choice at this size, for a job with automatic plans."""
+        if self.plan_opts is None:
+            return None
+        plan = self.plan_for(nodes) if self.plan_for is not None else None
+        if plan is None:  # no profiler knows the job: the prior's choice
+            from malleparsl.jpa.plans import JobPlans
+
+            plan = JobPlans(self.plan_opts).choose(nodes)
+        return parse_plan(plan)
 
     # ---- segment results ----------------------------------------------------------------
     def node_lost(self, node: NodeId) -> None:
@@ -489,8 +516,9 @@ class MalleableJob:
                     )
 
     # ---- progress and end -----------------------------------------------------------------
-    def read_progress(self) -> tuple[int, float] | None:
-        """``(nodes, samples_per_s)`` if rank 0 wrote a new progress record since the last read."""
+    def read_progress(self) -> ProgressReading | None:
+        """The running segment's size, rate and plan if rank 0 wrote a new progress record
+        since the last read."""
         seg = self.segment
         if seg is None or self.state is not JobState.RUNNING:
             return None
@@ -512,12 +540,7 @@ class MalleableJob:
             if r.segment == seg.index and r.first_step_s is None and first:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
-        if self.planner is not None and self.plan_log and self.plan_log[-1][0] == seg.index:
-            from malleparsl.plans import parse_plan
-
-            self.planner.observe(parse_plan(self.plan_log[-1][2]), len(seg.nodes),
-                                 samples_per_s=float(rate))
-        return len(seg.nodes), float(rate)
+        return ProgressReading(len(seg.nodes), float(rate), seg.plan)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -44,10 +44,14 @@ class LinearPlaceholderAdvisor(CurveAdvisor):
         return out
 
 
-def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobSpec:
+def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
+                      ranks_per_node: int = 1) -> JobSpec:
     """Build the controller's :class:`JobSpec` from a job's malleable options dict.
 
     ``job_id`` is generated when absent; ``curve`` is a list of ``[nodes, samples_per_s]``.
+    A job with automatic plans (:func:`malleparsl.plans.plan_options`) gets its minimum size
+    from the memory model and its :class:`~malleparsl.plans.PlanOptions` in
+    ``meta["plan_options"]`` (for the controller's plan profiler).
     """
     if not isinstance(options, Mapping):
         raise SpecError(
@@ -71,9 +75,12 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0) -> JobS
             ) from None
         curve = ScalingCurve.from_points(points, name=str(job_id))
     if options.get("memory_profile") is not None:  # execution plans: smallest size any fits
-        from malleparsl.plans import min_nodes_for
+        from malleparsl.plans import min_nodes_for, plan_options
 
-        kw["min_nodes"] = min_nodes_for(options, int(kw.get("min_nodes", 1)), int(kw["max_nodes"]))
+        popts = plan_options(options, ranks_per_node=ranks_per_node)
+        kw["min_nodes"] = min_nodes_for(popts, int(kw.get("min_nodes", 1)), int(kw["max_nodes"]))
+        if popts is not None:
+            kw["meta"] = {"plan_options": popts}
     return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
 
 

@@ -21,6 +21,7 @@ from enum import Enum
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation, JobSpec, NodeId, RescalePlan
+from malleparsl.plans import ExecPlan
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,35 @@ class KnownCurves(CurveAdvisor):
         return out
 
 
+class PlanAdvisor(ABC):
+    """Execution plans (Rubick): per-plan readings in, plan-aware views and plans out.
+
+    Set as ``Controller(plans=...)`` (the JPA's :class:`~malleparsl.jpa.plans.PlanProfiler`).
+    It sees every job the curve advisor sees; for jobs that opted into plans it replaces the
+    view's curve by the best feasible plan's rate per size and its minimum size by the
+    smallest size any plan fits, and names the plan a job runs at a size.
+    """
+
+    def register(self, spec: JobSpec, now_s: float) -> None:  # noqa: B027 - optional hook
+        """A job was admitted."""
+
+    def forget(self, job_id: str) -> None:  # noqa: B027 - optional hook
+        """A job finished or was withdrawn."""
+
+    @abstractmethod
+    def observe(self, job_id: str, plan: ExecPlan, n_nodes: int, samples_per_s: float,
+                now_s: float) -> None:
+        """A measured training rate of ``job_id`` running ``plan`` at ``n_nodes``."""
+
+    @abstractmethod
+    def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:
+        """The curve advisor's views with plan-aware curves and minimum sizes."""
+
+    @abstractmethod
+    def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
+        """The plan ``job_id`` should run at ``n_nodes`` (None: the job has no plans)."""
+
+
 class HorizonEstimator(ABC):
     """Fills in, for nodes with no announced end, an estimate of when each stops being idle.
 
@@ -144,6 +174,7 @@ class Controller:
     history: list[ReplanStats] = field(default_factory=list)
     keep_history: bool = True
     horizon: HorizonEstimator | None = None
+    plans: PlanAdvisor | None = None  # execution plans; None: every job runs its own plan
 
     def __post_init__(self) -> None:
         if self.max_active is not None and self.max_active < 1:
@@ -188,12 +219,23 @@ class Controller:
         freed = self.allocation.nodes_of(job_id)
         self.allocation = self.allocation.without_jobs([job_id])
         self.advisor.forget(job_id)
+        if self.plans is not None:
+            self.plans.forget(job_id)
         return freed
 
-    def observe(self, job_id: str, *, n_nodes: int, samples_per_s: float, now_s: float) -> None:
-        """A training-rate measurement from the monitor (live) or the simulator."""
+    def observe(self, job_id: str, *, n_nodes: int, samples_per_s: float, now_s: float,
+                plan: ExecPlan | None = None) -> None:
+        """A training-rate measurement from the monitor (live) or the simulator; ``plan`` is
+        the execution plan that ran (it goes to the plan advisor as well)."""
         self._job(job_id)
         self.advisor.observe(job_id, n_nodes, samples_per_s, now_s)
+        if plan is not None and self.plans is not None:
+            self.plans.observe(job_id, plan, n_nodes, samples_per_s, now_s)
+
+    def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
+        """The execution plan ``job_id`` runs at ``n_nodes`` (None: it has no automatic plans)."""
+        self._job(job_id)
+        return None if self.plans is None else self.plans.plan_for(job_id, n_nodes)
 
     def report_progress(self, job_id: str, *, samples_done: float) -> None:
         """Samples a job has trained so far (policies plan with what is left)."""
@@ -230,6 +272,8 @@ class Controller:
                 break
             js.status, js.admitted_s = JobStatus.ACTIVE, now_s
             self.advisor.register(js.spec, now_s)
+            if self.plans is not None:
+                self.plans.register(js.spec, now_s)
             active += 1
 
     def replan(self, *, now_s: float) -> RescalePlan:
@@ -238,6 +282,8 @@ class Controller:
         snap = self.snapshot(now_s)
         active = self.active_jobs
         views = self.advisor.views(snap, active, self.allocation)
+        if self.plans is not None:
+            views = self.plans.adjust(snap, views)
         t0 = time.perf_counter()
         new = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0

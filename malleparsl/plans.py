@@ -262,9 +262,57 @@ def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
 
 
 # ---- the job's options: what the driver and the controller read --------------------------
-def plan_options(options: Mapping[str, Any]) -> tuple[MemoryProfile, int, float | None,
-                                                      tuple[str, ...]] | None:
-    """``(profile, global_batch, budget, bases)`` when the job asks for automatic plans.
+@dataclass(frozen=True)
+class PlanOptions:
+    """A job's automatic plans: its profile, global batch, the node budget, allowed families.
+
+    Sizes here are *nodes*: ``ranks_per_node`` ranks share one node's ``budget`` (bytes; None:
+    no limit), so ``n`` nodes run ``n * ranks_per_node`` ranks and a plan fits when that many
+    ranks' peaks fit the node: ``ranks_per_node * peak(n * ranks_per_node) <= budget``.
+    """
+
+    profile: MemoryProfile
+    global_batch: int
+    budget: float | None = None
+    bases: tuple[str, ...] = FAMILIES
+    ranks_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        r = self.ranks_per_node
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise SpecError(f"ranks_per_node must be an integer >= 1, got {r!r}")
+        for b in self.bases:
+            if b not in FAMILIES:
+                raise unknown_name("plan family", b, FAMILIES)
+
+    def ranks(self, nodes: int) -> int:
+        return nodes * self.ranks_per_node
+
+    def node_peak(self, plan: ExecPlan, nodes: int) -> float:
+        """Bytes one node needs: its ranks' predicted peaks together."""
+        mem = plan_memory(self.profile, plan, n=self.ranks(nodes), global_batch=self.global_batch)
+        return self.ranks_per_node * mem.peak
+
+    def feasible(self, nodes: int) -> list[ExecPlan]:
+        """The allowed plans that fit the node budget at ``nodes`` nodes."""
+        cands = candidate_plans(self.global_batch, self.ranks(nodes), bases=self.bases)
+        if self.budget is None:
+            return cands
+        return [p for p in cands if self.node_peak(p, nodes) <= self.budget]
+
+    def min_nodes(self, n_max: int) -> int | None:
+        """The smallest node count at which some allowed plan fits; None if none up to n_max."""
+        return next((n for n in range(1, n_max + 1) if self.feasible(n)), None)
+
+    def leanest_need(self, nodes: int) -> tuple[ExecPlan, float]:
+        """The allowed plan needing the least memory per node at ``nodes``, and that need."""
+        cands = candidate_plans(self.global_batch, self.ranks(nodes), bases=self.bases)
+        best = min(cands, key=lambda p: self.node_peak(p, nodes))
+        return best, self.node_peak(best, nodes)
+
+
+def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> PlanOptions | None:
+    """The job's :class:`PlanOptions` when it asks for automatic plans, else None.
 
     A job opts in with the malleable options ``memory_profile`` (a :class:`MemoryProfile` or
     its dict) and ``global_batch``; ``node_memory_bytes`` is the node budget (None: no limit);
@@ -280,26 +328,24 @@ def plan_options(options: Mapping[str, Any]) -> tuple[MemoryProfile, int, float 
     if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
         raise SpecError(f"memory_profile needs global_batch (an integer >= 1), got {gb!r}")
     bases = tuple(options.get("plans") or FAMILIES)
-    for b in bases:
-        if b not in FAMILIES:
-            raise unknown_name("plan family", b, FAMILIES)
     budget = options.get("node_memory_bytes")
-    return prof, gb, (float(budget) if budget else None), bases
+    return PlanOptions(prof, gb, float(budget) if budget else None, bases, ranks_per_node)
 
 
-def min_nodes_for(options: Mapping[str, Any], min_nodes: int, max_nodes: int) -> int:
+def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: int, max_nodes: int,
+                  *, ranks_per_node: int = 1) -> int:
     """The job's minimum size raised to the smallest size some allowed plan fits."""
-    got = plan_options(options)
-    if got is None or got[2] is None:
+    got = options if isinstance(options, PlanOptions) or options is None else plan_options(
+        options, ranks_per_node=ranks_per_node)
+    if got is None or got.budget is None:
         return min_nodes
-    prof, gb, budget, bases = got
-    n = min_feasible_size(prof, global_batch=gb, budget=budget, n_max=max_nodes, bases=bases)
+    n = got.min_nodes(max_nodes)
     if n is None:
-        least = min(plan_memory(prof, p, n=max_nodes, global_batch=gb).peak
-                     for p in candidate_plans(gb, max_nodes, bases=bases))
+        _, least = got.leanest_need(max_nodes)
         raise MemoryBudgetError(
-            f"no plan among {list(bases)} fits {budget / 2**20:.1f} MiB per node even at "
-            f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB); raise max_nodes, "
-            "allow more plans (plans=[...]) or run on nodes with more memory"
+            f"no plan among {list(got.bases)} fits {got.budget / 2**20:.1f} MiB per node even at "
+            f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
+            f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
+            "(plans=[...]) or run on nodes with more memory"
         )
     return max(min_nodes, n)

@@ -16,19 +16,36 @@ squares on relative errors (:func:`fit_perf`), pulled towards a prior (:meth:`Pl
 with weight ``prior_weight`` so two readings already rank the plans. A job's plan-aware curve
 is then ``rate(n) = G / min_p t(p, n)`` over the plans that fit the node's memory, and its
 minimum size is the smallest size any plan fits (:func:`plan_aware_curve`).
+
+Live, :class:`PlanProfiler` is where that happens, once per controller: the drivers report
+every measured step with the plan that ran, it refits each job's model (:class:`JobPlans`),
+gives the allocator the plan-aware curve and minimum size, and tells the driver which plan to
+run at the size the allocator chose. The simulator builds its curves with the same
+:func:`plan_aware_curve`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.controller import PlanAdvisor
 from malleparsl.errors import SpecError
-from malleparsl.model import ScalingCurve
-from malleparsl.plans import FAMILIES, ExecPlan, MemoryProfile, candidate_plans, fits, local_batch
+from malleparsl.model import JobSpec, ScalingCurve
+from malleparsl.plans import (
+    FAMILIES,
+    ExecPlan,
+    MemoryBudgetError,
+    MemoryProfile,
+    PlanOptions,
+    local_batch,
+)
 
 TERMS = ("compute", "recompute", "micro_batch", "optimizer", "comm_byte", "latency")
 
@@ -116,6 +133,15 @@ def fit_perf(
     return PlanPerfModel(prior.profile, *(base * mult))
 
 
+class StepTimeModel(Protocol):
+    """Anything that predicts seconds per step of a plan at ``n`` ranks for a profiled model:
+    the fitted :class:`PlanPerfModel` live, a measured curve plus plan costs in the simulator."""
+
+    profile: MemoryProfile
+
+    def step_time(self, plan: ExecPlan, *, n: int, global_batch: int) -> float: ...
+
+
 @dataclass(frozen=True)
 class PlanCurve:
     """The best feasible plan per size and the rate it gives; ``min_nodes`` is where any fits."""
@@ -125,76 +151,164 @@ class PlanCurve:
     min_nodes: int | None
 
 
+def best_feasible(perf: StepTimeModel, opts: PlanOptions, nodes: int) -> tuple[ExecPlan, float] | None:
+    """The fastest plan that fits at ``nodes`` nodes and its step time (None if none fits)."""
+    n, gb = opts.ranks(nodes), opts.global_batch
+    timed = [(perf.step_time(p, n=n, global_batch=gb), p.name, p) for p in opts.feasible(nodes)]
+    if not timed:
+        return None
+    t, _, plan = min(timed, key=lambda x: (x[0], x[1]))
+    return plan, t
+
+
 def plan_aware_curve(
-    perf: PlanPerfModel,
+    perf: StepTimeModel,
     *,
     global_batch: int,
     budget: float | None,
     n_max: int,
     bases: Iterable[str] = FAMILIES,
     name: str = "",
+    ranks_per_node: int = 1,
 ) -> PlanCurve:
-    """``rate(n) = G / min_p t(p, n)`` over plans that fit; sizes where none fits get rate 0."""
-    bases = tuple(bases)
+    """``rate(n) = G / min_p t(p, n)`` over plans that fit; sizes where none fits get rate 0.
+
+    ``n`` counts nodes of ``ranks_per_node`` ranks sharing one node's ``budget``. The one
+    function the live controller (through :class:`PlanProfiler`) and the simulator
+    (:mod:`malleparsl.sim.plans`) build their plan-aware curves with.
+    """
+    opts = PlanOptions(perf.profile, global_batch, budget, tuple(bases), ranks_per_node)
     plans: dict[int, ExecPlan] = {}
     rates = []
     for n in range(1, n_max + 1):
-        ok = [p for p in candidate_plans(global_batch, n, bases=bases)
-              if budget is None or fits(perf.profile, p, n=n, global_batch=global_batch,
-                                        budget=budget)]
-        if not ok:
+        got = best_feasible(perf, opts, n)
+        if got is None:
             rates.append(0.0)
             continue
-        best = min(ok, key=lambda p: (perf.step_time(p, n=n, global_batch=global_batch), p.name))
-        plans[n] = best
-        rates.append(perf.rate(best, n=n, global_batch=global_batch))
+        plans[n] = got[0]
+        rates.append(global_batch / got[1])
     if not plans:
         return PlanCurve(None, {}, None)
     curve = ScalingCurve(tuple(range(1, n_max + 1)), tuple(rates), name=name)
     return PlanCurve(curve, plans, min(plans))
 
 
-class PlanChooser:
-    """One job's plan choice at every (re)launch, learning from the steps it measures.
+class JobPlans:
+    """One job's per-plan performance model, refitted from every measured step.
+
+    Sizes are nodes (see :class:`~malleparsl.plans.PlanOptions`). Before any reading the model
+    is the prior, scaled to the job's given curve when it has one; the first reading rescales
+    the prior to the measured step time (so its scale is right and the fit only corrects the
+    balance of the terms).
 
     >>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
-    >>> ch = PlanChooser(prof, global_batch=64, budget=200 * 2**20)
-    >>> ch.choose(1).name, ch.choose(4).name
+    >>> jp = JobPlans(PlanOptions(prof, 64, 200 * 2**20))
+    >>> jp.choose(1).name, jp.choose(4).name
     ('dp@mb=16', 'dp')
-    >>> ch.observe(ch.choose(4), 4, samples_per_s=900.0)   # a measured rate refines the model
+    >>> jp.observe(jp.choose(4), 4, samples_per_s=900.0)   # a measured rate refines the model
+    >>> round(jp.model.rate(ExecPlan(), n=4, global_batch=64))
+    900
     """
 
-    def __init__(
-        self, profile: MemoryProfile, *, global_batch: int, budget: float | None,
-        bases: Sequence[str] = FAMILIES, prior: PlanPerfModel | None = None,
-    ) -> None:
-        self.profile, self.global_batch, self.budget = profile, global_batch, budget
-        self.bases = tuple(bases)
-        self.prior = prior or PlanPerfModel.default(profile)
+    def __init__(self, opts: PlanOptions, *, prior: PlanPerfModel | None = None,
+                 calibrated: bool = False, window: int = 64, prior_weight: float = 0.3) -> None:
+        self.opts = opts
+        self.prior = prior or PlanPerfModel.default(opts.profile)
+        self.calibrated = calibrated
+        self.window, self.prior_weight = window, prior_weight
         self.readings: list[StepReading] = []
         self.model = self.prior
+        self.version = 0
+        self._cache: dict[int, tuple[int, PlanCurve]] = {}
 
     @classmethod
-    def from_options(cls, options: dict) -> PlanChooser | None:
-        """None unless the job opted in (see :func:`malleparsl.plans.plan_options`)."""
-        from malleparsl.plans import plan_options
+    def for_spec(cls, spec: JobSpec, opts: PlanOptions) -> JobPlans:
+        """A job's plans, the prior scaled to its given curve at one node (if any)."""
+        prior = PlanPerfModel.default(opts.profile)
+        if spec.curve is None or not spec.curve.rate(1) > 0:
+            return cls(opts, prior=prior)
+        t = prior.step_time(ExecPlan(), n=opts.ranks(1), global_batch=opts.global_batch)
+        want = opts.global_batch / spec.curve.rate(1)
+        return cls(opts, prior=prior.scaled(**dict.fromkeys(TERMS, want / t)), calibrated=True)
 
-        got = plan_options(options)
+    def observe(self, plan: ExecPlan, nodes: int, *, samples_per_s: float) -> None:
+        if not (samples_per_s > 0 and math.isfinite(samples_per_s)):
+            return
+        gb, n = self.opts.global_batch, self.opts.ranks(nodes)
+        reading = StepReading(plan, n, gb, gb / samples_per_s)
+        if not self.readings:  # scale the prior to the first measured step
+            f = reading.step_s / self.prior.step_time(plan, n=n, global_batch=gb)
+            self.prior = self.prior.scaled(**dict.fromkeys(TERMS, f))
+            self.calibrated = True
+        self.readings = [*self.readings, reading][-self.window:]
+        self.model = fit_perf(self.readings, self.prior, prior_weight=self.prior_weight)
+        self.version += 1
+
+    def curve(self, n_max: int, *, name: str = "") -> PlanCurve:
+        """The plan-aware curve up to ``n_max`` nodes (cached until the next reading)."""
+        hit = self._cache.get(n_max)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        o = self.opts
+        pc = plan_aware_curve(self.model, global_batch=o.global_batch, budget=o.budget,
+                              n_max=n_max, bases=o.bases, name=name,
+                              ranks_per_node=o.ranks_per_node)
+        self._cache[n_max] = (self.version, pc)
+        return pc
+
+    def choose(self, nodes: int) -> ExecPlan:
+        """The fastest plan that fits at ``nodes`` (raises ``MemoryBudgetError`` if none does)."""
+        got = best_feasible(self.model, self.opts, nodes)
         if got is None:
-            return None
-        prof, gb, budget, bases = got
-        return cls(prof, global_batch=gb, budget=budget, bases=bases)
+            plan, need = self.opts.leanest_need(nodes)
+            budget = self.opts.budget or 0.0
+            raise MemoryBudgetError(
+                f"no execution plan fits {budget / 2**20:.1f} MiB per node at {nodes} node(s) "
+                f"of {self.opts.ranks_per_node} rank(s): the leanest, {plan.name}, needs "
+                f"{need / 2**20:.1f} MiB; give the job more nodes (min_nodes) or more memory"
+            )
+        return got[0]
 
-    def observe(self, plan: ExecPlan, n: int, *, samples_per_s: float) -> None:
-        if samples_per_s > 0 and math.isfinite(samples_per_s):
-            self.readings.append(StepReading(plan, n, self.global_batch,
-                                             self.global_batch / samples_per_s))
-            self.readings = self.readings[-64:]
-            self.model = fit_perf(self.readings, self.prior)
 
-    def choose(self, n: int) -> ExecPlan:
-        """The fastest plan that fits at ``n`` (raises ``MemoryBudgetError`` if none does)."""
-        from malleparsl.plans import best_plan
+class PlanProfiler(PlanAdvisor):
+    """The JPA's per-plan profiler: one :class:`JobPlans` per job that opted into plans.
 
-        return best_plan(self.profile, n=n, global_batch=self.global_batch, budget=self.budget,
-                         step_time=self.model.step_time, bases=self.bases)
+    The controller hands it every measured step with the plan that ran
+    (:meth:`~malleparsl.controller.Controller.observe` with ``plan=``), lets it replace the
+    curve advisor's view of such jobs by their plan-aware curve and memory-model minimum size
+    (:meth:`adjust`), and asks it which plan a job runs at its new size (:meth:`plan_for`).
+    Jobs opt in through ``JobSpec.meta["plan_options"]`` (a :class:`~malleparsl.plans.PlanOptions`;
+    :func:`malleparsl.executors.planning.spec_from_options` sets it); others pass through.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobPlans] = {}
+
+    def register(self, spec: JobSpec, now_s: float) -> None:
+        opts = spec.meta.get("plan_options") if spec.meta else None
+        if isinstance(opts, PlanOptions) and spec.job_id not in self.jobs:
+            self.jobs[spec.job_id] = JobPlans.for_spec(spec, opts)
+
+    def forget(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+
+    def observe(self, job_id: str, plan: ExecPlan, n_nodes: int, samples_per_s: float,
+                now_s: float) -> None:
+        jp = self.jobs.get(job_id)
+        if jp is not None:
+            jp.observe(plan, n_nodes, samples_per_s=samples_per_s)
+
+    def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:
+        out = []
+        for v in views:
+            jp = self.jobs.get(v.job_id)
+            pc = jp.curve(v.spec.max_nodes, name=v.job_id) if jp is not None else None
+            if pc is None or pc.curve is None or pc.min_nodes is None or pc.min_nodes > v.hi:
+                out.append(v)
+                continue
+            out.append(dataclasses.replace(v, curve=pc.curve, min_nodes=max(v.lo, pc.min_nodes)))
+        return out
+
+    def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
+        jp = self.jobs.get(job_id)
+        return None if jp is None else jp.choose(n_nodes)

@@ -7,7 +7,8 @@ gives a job set two ways:
   which that fits the node's memory (``min_feasible_size(..., bases=["dp"])``), its curve the
   job set's measured data-parallel curve;
 * **plan-aware**: its minimum size is the smallest size at which *any* plan fits, and its
-  curve at every size is the best feasible plan's rate (:func:`malleparsl.jpa.plans.plan_aware_curve`).
+  curve at every size is the best feasible plan's rate, built by the live system's
+  :func:`malleparsl.jpa.plans.plan_aware_curve` with :class:`MeasuredPlusPlanCosts`.
 
 A plan's rate is the measured data-parallel rate plus the plan's *extra* time per step from the
 performance model (recomputation, more micro-batches, ZeRO's broadcast), so plan-aware curves
@@ -29,16 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.errors import SpecError
+from malleparsl.jpa.plans import plan_aware_curve
 from malleparsl.model import JobSpec, ScalingCurve
-from malleparsl.plans import (
-    FAMILIES,
-    ExecPlan,
-    MemoryProfile,
-    candidate_plans,
-    fits,
-    local_batch,
-    min_feasible_size,
-)
+from malleparsl.plans import ExecPlan, MemoryProfile, local_batch, min_feasible_size
 from malleparsl.sim.result import SimResult
 
 SUMMIT_GPU_BYTES = 16 * 2**30
@@ -66,34 +60,20 @@ class PlanCosts:
         return t
 
 
-def plan_curve(
-    spec: JobSpec, prof: MemoryProfile, *, global_batch: int, budget: float,
-    costs: PlanCosts | None = None, bases: Sequence[str] = FAMILIES,
-) -> tuple[ScalingCurve | None, dict[int, ExecPlan]]:
-    """The best feasible plan's rate at every size from 1 to ``spec.max_nodes``."""
-    costs = costs or PlanCosts()
-    dp = spec.curve
-    if dp is None:
-        raise SpecError(f"job {spec.job_id!r}: plan_curve needs the data-parallel curve")
-    s1 = 1.0 / dp.rate(1)  # seconds per sample of compute on one node
-    rates, plans = [], {}
-    for n in range(1, spec.max_nodes + 1):
-        base_t = global_batch / dp.rate(n)
-        best = None
-        for p in candidate_plans(global_batch, n, bases=bases):
-            if not fits(prof, p, n=n, global_batch=global_batch, budget=budget):
-                continue
-            t = base_t + costs.extra_s(prof, p, n, global_batch, s1)
-            if best is None or t < best[0]:
-                best = (t, p)
-        if best is None:
-            rates.append(0.0)
-            continue
-        plans[n] = best[1]
-        rates.append(global_batch / best[0])
-    if not plans:
-        return None, {}
-    return ScalingCurve(tuple(range(1, spec.max_nodes + 1)), tuple(rates), name=spec.job_id), plans
+@dataclass(frozen=True)
+class MeasuredPlusPlanCosts:
+    """Step time of a plan: the measured data-parallel step plus the plan's extra time
+    (:class:`PlanCosts`); the :class:`~malleparsl.jpa.plans.StepTimeModel` the simulator hands
+    to :func:`~malleparsl.jpa.plans.plan_aware_curve`, the live system's curve builder."""
+
+    profile: MemoryProfile
+    dp: ScalingCurve
+    costs: PlanCosts
+
+    def step_time(self, plan: ExecPlan, *, n: int, global_batch: int) -> float:
+        s1 = 1.0 / self.dp.rate(1)  # seconds per sample of compute on one node
+        return global_batch / self.dp.rate(n) + self.costs.extra_s(
+            self.profile, plan, n, global_batch, s1)
 
 
 def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,
@@ -139,12 +119,13 @@ def plan_jobsets(
         if n_dp is None:
             raise SpecError(f"job {spec.job_id!r}: data parallelism never fits; lower dp_nodes")
         dp_only.append(dataclasses.replace(spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta))
-        curve, plans = plan_curve(spec, prof, global_batch=global_batch, budget=budget,
-                                  costs=costs)
-        assert curve is not None  # noqa: S101 - dp fits at n_dp, so some plan does
+        pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts()),
+                              global_batch=global_batch, budget=budget, n_max=spec.max_nodes,
+                              name=spec.job_id)
+        assert pc.curve is not None and pc.min_nodes is not None  # noqa: S101 - dp fits at n_dp
         aware.append(dataclasses.replace(
-            spec, min_nodes=max(spec.min_nodes, min(plans)), curve=curve,
-            meta={**meta, "plans": {n: p.name for n, p in plans.items()}}))
+            spec, min_nodes=max(spec.min_nodes, pc.min_nodes), curve=pc.curve,
+            meta={**meta, "plans": {n: p.name for n, p in pc.plans.items()}}))
     return dp_only, aware
 
 

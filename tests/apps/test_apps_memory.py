@@ -44,6 +44,23 @@ def test_predicted_overflow_is_a_clear_error_before_training() -> None:
     ctx.close()
 
 
+def test_ranks_on_one_node_share_its_budget_before_training() -> None:
+    """Two ranks per node each hold a peak: a plan that fits the node alone does not fit twice."""
+    import torch
+
+    from malleparsl.apps.plans import prepare
+    from malleparsl.plans import parse_plan, plan_memory
+
+    prof = MemoryProfile(params=100_000, act_per_sample=1e5, act_ckpt_per_sample=1e4)
+    peak = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64).peak
+    ctx = TrainContext.local(plan="dp", node_memory_bytes=1.5 * peak)
+    prepare(ctx, BlockMLP(), torch.optim.Adam, blocks=[], profile=prof, global_batch=64)
+    ctx.local_world_size = 2  # as if a second rank shared the node
+    with pytest.raises(MemoryBudgetError, match=r"per node at 1 node\(s\) of 2 rank\(s\)"):
+        prepare(ctx, BlockMLP(), torch.optim.Adam, blocks=[], profile=prof, global_batch=64)
+    ctx.close()
+
+
 def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
     """No profile given: the emulated node's guard catches the growth after the first step."""
     import torch

@@ -1,7 +1,8 @@
-"""Plans through Parsl and the real executor: the driver picks the best plan that fits at every
-size. A job whose plain data-parallel step does not fit one node's memory budget starts at 1
-node with gradient accumulation, moves to plain data parallelism when it grows to 3 nodes, and
-back to the lean plan when it shrinks to 1; the loss trajectory equals an unswitched run.
+"""Plans through Parsl and the real executor: the allocator plans with the JPA's plan-aware
+curve and the driver runs the plan the profiler names for each size. A job whose plain
+data-parallel step does not fit one node's memory budget starts at 1 node with gradient
+accumulation, moves to plain data parallelism when it grows to 3 nodes, and back to the lean
+plan when it shrinks to 1; the loss trajectory equals an unswitched run.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import pytest
 
 parsl = pytest.importorskip("parsl")
 
+from malleparsl.allocator import make_policy  # noqa: E402
+from malleparsl.allocator.base import AllocationPolicy  # noqa: E402
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_plans import train_blocks  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.plans import MemoryProfile  # noqa: E402
+from malleparsl.plans import MemoryProfile, PlanOptions, parse_plan  # noqa: E402
 from malleparsl.site_configs.local import local_config  # noqa: E402
 from malleparsl.workflows.timeline import Recorder  # noqa: E402
 
@@ -27,6 +30,25 @@ MIB = 2**20
 # a model whose activations (2 MiB per sample) are what limits it: the whole local batch of 48
 # needs ~97 MiB at 1 node, more than the 64 MiB budget; 16 per rank at 3 nodes fit
 PROFILE = MemoryProfile(params=70_000, act_per_sample=2 * MIB, act_ckpt_per_sample=0.3 * MIB)
+
+
+class Recording(AllocationPolicy):
+    """The MILP, recording for job "planned" every view it plans with, the size it gives, the
+    plan profiler's curve for the job at that moment and the plans its readings ran."""
+
+    def __init__(self) -> None:
+        self.inner = make_policy("milp")
+        self.profiler = None
+        self.seen: list[tuple] = []  # (view, nodes given, PlanCurve, plans read)
+
+    def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
+        out = self.inner.allocate(snapshot, jobs)
+        for v in jobs:
+            jp = self.profiler.jobs.get(v.job_id) if v.job_id == "planned" else None
+            if jp is not None:
+                self.seen.append((v, out.size(v.job_id), jp.curve(v.spec.max_nodes, name=v.job_id),
+                                  {r.plan.name for r in jp.readings}))
+        return out
 
 
 def wait_for(cond, what, ex, timeout_s=NODE_TIMEOUT_S):
@@ -46,13 +68,15 @@ def size_of(ex) -> int:
 
 def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
     src = ManualNodeSource(nodes=["n0"])
+    policy = Recording()
     dfk = parsl.load(local_config(
-        nodes=0, node_source=src, run_dir=str(tmp_path / "runinfo"),
+        nodes=0, node_source=src, run_dir=str(tmp_path / "runinfo"), policy=policy,
         ckpt_root=str(tmp_path / "ckpt"), poll_period_s=0.1,
         warm_modules=("torch.distributed", "malleparsl.apps.examples_plans"),
     ))
     try:
         ex = dfk.executors["malleable"]
+        policy.profiler = ex.control.controller.plans  # the JPA's plan profiler, live
         ex.wait_for_nodes(1, NODE_TIMEOUT_S)
         app = malleable_app(
             min_nodes=1, max_nodes=3, curve=[[1, 1.0], [2, 2.0], [3, 3.0]], torch_threads=1,
@@ -82,6 +106,22 @@ def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
         parsl.clear()
     plans = [(size, plan) for _, size, plan, _ in job.plan_log]
     assert [(size, plan) for _, size, plan, _ in seen] == plans
+    # the allocator planned with the profiler's plan-aware curve and memory-model minimum size
+    assert policy.seen
+    for view, _, pc, _ in policy.seen:
+        assert view.curve is pc.curve and view.lo == pc.min_nodes == 1
+        assert pc.plans[1].name != "dp" and pc.curve.rate(1) > 0  # a lean plan fits one node
+    first = policy.seen[0][2]
+    assert (first.plans[1].name, first.plans[3].name) == ("dp@mb=24", "dp")
+    assert first.curve.rate(3) > first.curve.rate(1)
+    # the profiler learnt from steps of both plans (each reading names the plan that ran)
+    assert any({"dp@mb=24", "dp"} <= read for *_, read in policy.seen)
+    # every segment ran at a size the allocator gave, with the plan the profiler named for it
+    given = {n for _, n, _, _ in policy.seen if n}
+    opts = PlanOptions(PROFILE, 48, 64 * MIB)
+    for size, plan in plans:
+        assert size in given and parse_plan(plan) in opts.feasible(size), (size, plan, given)
+    assert parse_plan("dp") not in opts.feasible(1)
     assert changes["planned"].startswith("dp@mb=24 x1 (0 s) -> ") and " dp x3 (" in changes["planned"]
     assert plans[0] == (1, "dp@mb=24")
     assert (3, "dp") in plans

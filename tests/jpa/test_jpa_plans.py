@@ -1,11 +1,30 @@
-"""The per-plan performance model: fitting from measured steps, plan-aware curves, choice."""
+"""The per-plan performance model: fitting from measured steps, plan-aware curves, choice, and
+the controller's plan profiler (what the allocator plans with, what the driver runs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from malleparsl.jpa.plans import PlanChooser, PlanPerfModel, StepReading, fit_perf, plan_aware_curve
-from malleparsl.plans import MemoryBudgetError, MemoryProfile, parse_plan
+from malleparsl.allocator import make_policy
+from malleparsl.allocator.base import AllocationPolicy
+from malleparsl.controller import Controller
+from malleparsl.executors.planning import LinearPlaceholderAdvisor, spec_from_options
+from malleparsl.jpa.plans import (
+    JobPlans,
+    PlanPerfModel,
+    PlanProfiler,
+    StepReading,
+    fit_perf,
+    plan_aware_curve,
+)
+from malleparsl.plans import (
+    MemoryBudgetError,
+    MemoryProfile,
+    PlanOptions,
+    min_nodes_for,
+    parse_plan,
+    plan_memory,
+)
 
 PROF = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
 MIB = 2**20
@@ -31,14 +50,127 @@ def test_plan_aware_curve_is_best_feasible_plan_and_its_minimum_size() -> None:
     assert dp_only.min_nodes is None  # plain data parallelism never fits 160 MiB
 
 
-def test_chooser_learns_measured_step_times_towards_the_readings() -> None:
-    ch = PlanChooser(PROF, global_batch=64, budget=None)
-    assert ch.choose(2).name == "dp"
-    tight = PlanChooser(PROF, global_batch=64, budget=200 * MIB)
+def test_job_plans_learn_measured_step_times() -> None:
+    assert JobPlans(PlanOptions(PROF, 64, None)).choose(2).name == "dp"
+    tight = JobPlans(PlanOptions(PROF, 64, 200 * MIB))
     first = tight.choose(1)
     assert first.micro_batch is not None or first.checkpoint
-    for _ in range(3):  # measured: this plan is 5x slower than the prior said
-        tight.observe(first, 1, samples_per_s=64 / (5 * tight.prior.step_time(first, n=1, global_batch=64)))
-    assert tight.model.step_time(first, n=1, global_batch=64) > 2 * tight.prior.step_time(first, n=1, global_batch=64)
+    t0 = tight.prior.step_time(first, n=1, global_batch=64)
+    tight.observe(first, 1, samples_per_s=64 / (5 * t0))  # 5x slower than the prior said
+    assert tight.model.step_time(first, n=1, global_batch=64) == pytest.approx(5 * t0, rel=0.05)
+    zero1 = parse_plan("zero1")  # another plan at another size: the balance of the terms moves
+    before = tight.model.step_time(zero1, n=4, global_batch=64)
+    for _ in range(3):
+        tight.observe(zero1, 4, samples_per_s=64 / (3 * before))
+    assert tight.model.step_time(zero1, n=4, global_batch=64) > 2 * before
     with pytest.raises(MemoryBudgetError, match="no execution plan fits"):
-        PlanChooser(PROF, global_batch=64, budget=10 * MIB).choose(1)
+        JobPlans(PlanOptions(PROF, 64, 10 * MIB)).choose(1)
+
+
+def test_ranks_on_one_node_share_its_budget() -> None:
+    """Two ranks per node: a node holds two ranks' peaks, so a plan that fits one rank per
+    node may not fit, and the minimum size is counted in nodes of two ranks."""
+    budget = 200 * MIB
+    one, two = PlanOptions(PROF, 64, budget), PlanOptions(PROF, 64, budget, ranks_per_node=2)
+    for plan in JobPlans(two).opts.feasible(1):
+        assert 2 * plan_memory(PROF, plan, n=2, global_batch=64).peak <= budget
+    dp = parse_plan("dp")
+    assert dp in one.feasible(4)  # 4 ranks of 16 samples, one per node
+    assert dp not in two.feasible(2)  # the same 4 ranks, two per node: twice the node's need
+    assert 2 * plan_memory(PROF, dp, n=4, global_batch=64).peak > budget
+    assert min_nodes_for(PlanOptions(PROF, 64, 160 * MIB), 1, 8) == 2  # ZeRO-1 over 2 nodes
+    # two ranks with twice the memory: ZeRO-1 over the node's own two ranks fits one node
+    assert min_nodes_for(PlanOptions(PROF, 64, 320 * MIB, ranks_per_node=2), 1, 8) == 1
+    with pytest.raises(MemoryBudgetError, match="2 rank.s. per node"):  # 80 MiB a rank: never
+        min_nodes_for(PlanOptions(PROF, 64, 160 * MIB, ranks_per_node=2), 1, 8)
+    spec = spec_from_options({"job_id": "r", "max_nodes": 4, "memory_profile": PROF.as_dict(),
+                              "global_batch": 64, "node_memory_bytes": 320 * MIB},
+                             ranks_per_node=2)
+    assert spec.meta["plan_options"].ranks_per_node == 2 and spec.min_nodes == 1
+
+
+class Recording(AllocationPolicy):
+    """The MILP, recording every view it is asked to plan with."""
+
+    def __init__(self) -> None:
+        self.inner = make_policy("milp")
+        self.views: list = []
+
+    def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
+        self.views.append({v.job_id: v for v in jobs})
+        return self.inner.allocate(snapshot, jobs)
+
+
+def test_the_allocator_plans_with_the_profilers_curve_and_the_driver_runs_its_plan() -> None:
+    pol, prof = Recording(), PlanProfiler()
+    ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=prof)
+    ctl.add_nodes(["a", "b", "c"], now_s=0)
+    opts = {"job_id": "big", "min_nodes": 1, "max_nodes": 3, "memory_profile": PROF.as_dict(),
+            "global_batch": 64, "node_memory_bytes": 160 * MIB, "total_samples": 1e9}
+    ctl.submit(spec_from_options(opts), now_s=0)
+    ctl.submit(spec_from_options({"job_id": "small", "max_nodes": 3, "total_samples": 1e9}),
+               now_s=0)
+    plan = ctl.replan(now_s=0)
+    seen = pol.views[-1]
+    assert seen["small"].curve.name.endswith("linear-placeholder")  # no plans: passed through
+    big = seen["big"]
+    handed = prof.jobs["big"].curve(3, name="big")  # the cached curve of the model now
+    assert big.curve is handed.curve and big.lo == handed.min_nodes == 2  # ZeRO-1 needs 2
+    assert big.curve.rate(1) == 0.0
+    assert len(ctl.allocation.nodes_of("big")) >= 2, plan
+    assert ctl.plan_for("big", 2) == handed.plans[2] and handed.plans[2].zero
+    assert ctl.plan_for("small", 2) is None
+    # a reading with its plan refits the model: the next view carries the new curve
+    ctl.observe("big", n_nodes=2, samples_per_s=10.0, now_s=1, plan=handed.plans[2])
+    ctl.replan(now_s=1)
+    again = pol.views[-1]["big"]
+    assert again.curve is prof.jobs["big"].curve(3, name="big").curve is not handed.curve
+    assert again.curve.rate(2) == pytest.approx(10.0, rel=0.05)
+    ctl.finish("big", now_s=2)
+    assert "big" not in prof.jobs and ctl.plan_for("big", 2) is None
+
+
+def test_with_the_job_profiling_advisor_plan_jobs_get_plan_aware_views_too() -> None:
+    """The JPA learns per size from the same readings; a plan job's view is still the profiler's
+    curve and minimum size (inside the JPA's probe bounds when it probes the job)."""
+    from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
+
+    jpa, prof = JobProfilingAdvisor(), PlanProfiler()
+    rec = Recording()
+    rec.inner = ProbeFirst(advisor=jpa, inner="milp")
+    ctl = Controller(policy=rec, advisor=jpa, plans=prof)
+    ctl.add_nodes([f"n{i}" for i in range(4)], now_s=0)
+    opts = {"job_id": "big", "min_nodes": 1, "max_nodes": 4, "memory_profile": PROF.as_dict(),
+            "global_batch": 64, "node_memory_bytes": 160 * MIB, "total_samples": 1e9}
+    ctl.submit(spec_from_options(opts), now_s=0)
+    ctl.replan(now_s=0)
+    view = rec.views[-1]["big"]
+    pc = prof.jobs["big"].curve(4, name="big")
+    assert view.curve is pc.curve and view.lo == 2 and view.hi >= 2
+    n = len(ctl.allocation.nodes_of("big"))
+    plan = ctl.plan_for("big", n)
+    for t in range(1, 4):
+        ctl.observe("big", n_nodes=n, samples_per_s=50.0, now_s=t, plan=plan)
+    assert list(jpa.records["big"].obs[n]) == [50.0, 50.0]  # the JPA saw them (1 warm-up dropped)
+    ctl.replan(now_s=4)
+    assert rec.views[-1]["big"].curve.rate(n) == pytest.approx(50.0, rel=0.05)
+
+
+def test_bench_rows_predict_each_case_from_the_others() -> None:
+    """``malleparsl bench plans``' performance-model lines: leave-one-out predictions from a
+    model fitted like the live profiler's; noise-free steps of a known model come back close."""
+    pytest.importorskip("typer")
+    from malleparsl.apps.bench_plans import perf_model_rows
+
+    prof = MemoryProfile(params=500_000, act_per_sample=4e4, act_ckpt_per_sample=1e4)
+    true = PlanPerfModel.default(prof).scaled(compute=0.05, recompute=0.08, micro_batch=0.01)
+    cases = [("dp", 1), ("dp@mb=512", 1), ("ckpt", 1), ("ckpt", 2), ("zero1", 2),
+             ("zero1+ckpt@mb=256", 3)]
+    rows = [{"set": "tuned", "plan": p, "n": n, "width": 256, "depth": 8, "global_batch": 4096,
+             "samples_per_s": true.rate(parse_plan(p), n=n, global_batch=4096),
+             "params": prof.params, "act_per_sample": prof.act_per_sample,
+             "act_ckpt_per_sample": prof.act_ckpt_per_sample} for p, n in cases]
+    rows.append({**rows[0], "width": 384})  # another shape alone: nothing to fit it on
+    got = perf_model_rows(rows)
+    assert [(r["plan"], r["n"]) for r in got] == cases and all(r["fitted_on"] == 5 for r in got)
+    assert max(abs(r["rate_error"]) for r in got) < 0.15

@@ -1,0 +1,89 @@
+"""The driver's side of execution plans: it runs the plan it is told for each size and reports
+every progress reading with that plan as a typed field (no parsing back from its log)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+
+from malleparsl.executors.driver import MalleableJob, ProgressReading
+from malleparsl.executors.protocol import progress_key
+from malleparsl.model import JobSpec
+from malleparsl.plans import MemoryProfile, parse_plan
+
+MIB = 2**20
+PROFILE = MemoryProfile(params=70_000, act_per_sample=2 * MIB, act_ckpt_per_sample=0.3 * MIB)
+OPTS = {"job_id": "p", "memory_profile": PROFILE.as_dict(), "global_batch": 48,
+        "node_memory_bytes": 64 * MIB}
+
+
+class DictStore:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key, value):  # noqa: ANN001, ANN201
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):  # noqa: ANN001, ANN201
+        return self.data[key]
+
+    def check(self, keys):  # noqa: ANN001, ANN201
+        return all(k in self.data for k in keys)
+
+
+class Submits:
+    def __init__(self) -> None:
+        self.infos: list = []
+
+    def submit_to_node(self, node, func, info, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
+        self.infos.append(info)
+        return Future()
+
+
+def make(tmp_path, plan_for=None, options=OPTS):  # noqa: ANN001, ANN201
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options=options, executor=ex,
+                       store=store, store_host="h", store_port=1, ckpt_dir=str(tmp_path / "ck"),
+                       post=lambda ev: None, clock=lambda: 5.0, plan_for=plan_for)
+    return job, ex, store
+
+
+def test_the_driver_runs_the_plan_it_is_told_and_reports_it_typed(tmp_path) -> None:
+    asked = []
+
+    def plan_for(n: int):  # noqa: ANN202
+        asked.append(n)
+        return parse_plan("ckpt@mb=8")
+
+    job, ex, store = make(tmp_path, plan_for)
+    job.reconcile(frozenset({"a", "b"}))
+    assert asked == [2] and {i.options["plan"] for i in ex.infos} == {"ckpt@mb=8"}
+    assert job.plan_log == [(0, 2, "ckpt@mb=8", 5.0)]
+    store.set(progress_key("p", 0), json.dumps({"time": 7.0, "samples_per_s": 120.0}))
+    got = job.read_progress()
+    assert got == ProgressReading(2, 120.0, parse_plan("ckpt@mb=8"))
+    assert job.read_progress() is None  # the same record again: nothing new
+
+
+def test_without_a_profiler_the_prior_chooses_and_fixed_plans_are_not_reported(tmp_path) -> None:
+    job, ex, store = make(tmp_path)  # a job with plans but nobody to ask: the prior's choice
+    job.reconcile(frozenset({"a"}))
+    assert ex.infos[0].options["plan"] == "dp@mb=24"  # plain DP does not fit one node
+    fixed, ex2, store2 = make(tmp_path, plan_for=lambda n: parse_plan("dp"),
+                              options={"job_id": "p", "plan": "zero1"})
+    fixed.reconcile(frozenset({"a", "b"}))
+    assert ex2.infos[0].options["plan"] == "zero1"  # the job's own plan, not asked for one
+    store2.set(progress_key("p", 0), json.dumps({"time": 1.0, "samples_per_s": 9.0}))
+    assert fixed.read_progress() == ProgressReading(2, 9.0, None)
+
+
+def test_a_size_no_plan_fits_leaves_the_job_waiting_with_a_clear_error(tmp_path) -> None:
+    import pytest
+
+    from malleparsl.executors.driver import JobState
+    from malleparsl.plans import MemoryBudgetError
+
+    job, ex, _ = make(tmp_path, options={**OPTS, "node_memory_bytes": 0.1 * MIB})
+    with pytest.raises(MemoryBudgetError, match="no execution plan fits 0.1 MiB per node at 1"):
+        job.reconcile(frozenset({"a"}))
+    assert job.state is JobState.WAITING and job.segment is None and not ex.infos

@@ -43,7 +43,7 @@ from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.sim.horizon import FragmentHorizon
-from malleparsl.sim.result import EVENT_COLUMNS, SIZE_COLUMNS, SimResult
+from malleparsl.sim.result import EVENT_COLUMNS, JOB_COLUMNS, SIZE_COLUMNS, SimResult
 from malleparsl.sim.setups import make_setup
 from malleparsl.traces import IdleTrace
 
@@ -362,6 +362,7 @@ class _BFReplay:
                 self.done.get(j.job_id, 0.0),
                 self.rescales.get(j.job_id, 0),
                 0.0,
+                j.total_samples,
             )
             for j in self.todo
         ]
@@ -384,19 +385,7 @@ class _BFReplay:
             wall_s=wall_s,
             events=pd.DataFrame(ev, columns=EVENT_COLUMNS),
             sizes=pd.DataFrame(self.size_rows, columns=SIZE_COLUMNS),
-            jobs=pd.DataFrame(
-                job_rows,
-                columns=[
-                    "job",
-                    "model",
-                    "submit_s",
-                    "start_s",
-                    "finish_s",
-                    "samples",
-                    "rescales",
-                    "pause_s",
-                ],
-            ),
+            jobs=pd.DataFrame(job_rows, columns=JOB_COLUMNS),
             replans=len(self.solve),
             extra={"semantics": "bftrainer"},
         )

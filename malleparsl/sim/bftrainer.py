@@ -18,6 +18,9 @@ its rules (``simulate --semantics bftrainer``):
   migration is charged as a grow or shrink by its net size change, as a shrink when equal.)
 - Preemption cost: ``rescale_down_s`` x the job's rate before the event, once per job that
   lost at least one node to the trace.
+- Both rules are :data:`~malleparsl.allocator.costs.OLD_RATE` (``COSTS``); the replay hands
+  that object to the policy (``policy.costs``), so a policy's model charges what this
+  accounting charges.
 - Initial map: the idle nodes at the window start go to the jobs submitted by then (the
   original draws a random map; with one job — the published case — that is all of them, up to
   its maximum; with several, this replayer asks the policy), charged ``rate x rescale_up_s``.
@@ -39,6 +42,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from malleparsl.allocator.costs import OLD_RATE
 from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
@@ -65,6 +69,9 @@ STEP_COLUMNS = [
     "PreCost",
 ]
 """The original replayer's step-log columns (see ``../shared/data/bftrainer-reference``)."""
+
+COSTS = OLD_RATE
+"""The rescale and preemption costs this accounting charges; the policy is handed the same."""
 
 
 def node_events(trace: IdleTrace) -> tuple[list[str], list[tuple[float, list[str], list[str]]]]:
@@ -139,8 +146,11 @@ class _BFReplay:
                 "replays known curves only (use the default semantics)"
             )
         self.trace, self.policy = trace, policy
-        if getattr(pol, "charge", None) is not None:
-            pol.charge = "old-rate"  # type: ignore[attr-defined]  # costs as this accounting
+        # the policy values decisions with the costs this accounting charges (COSTS)
+        if hasattr(pol, "costs"):
+            pol.costs = COSTS  # type: ignore[attr-defined]
+        if hasattr(pol, "charge"):  # hold's name for the same rule
+            pol.charge = COSTS.name  # type: ignore[attr-defined]
         self.free = bool(getattr(pol, "ignores_costs", False))
         uncapped = self.free and not getattr(pol, "keeps_cap", False)
         self.horizon = FragmentHorizon() if horizon else None
@@ -209,10 +219,11 @@ class _BFReplay:
             s = self.spec[jid]
             cost = 0.0
             if new_nodes != held[jid]:
-                pause = s.rescale_up_s if new > old else s.rescale_down_s
-                if self.free:
-                    pause = 0.0
-                cost = pause * s.curve.rate(old)  # type: ignore[union-attr]
+                up, down = (0.0, 0.0) if self.free else (s.rescale_up_s, s.rescale_down_s)
+                pause = up if new > old else down
+                to = new if new != old else old - 1  # a migration is charged as a shrink
+                rates = s.curve.rates_upto(max(new, old))  # type: ignore[union-attr]
+                cost = float(COSTS.rescale(np.array([to]), old, rates, up, down)[0])
                 self.tot["rescales"] += 1
                 self.tot["pause"] += pause if old > 0 else 0.0
                 self.rescales[jid] += 1
@@ -274,7 +285,7 @@ class _BFReplay:
         lost = ctl.remove_nodes(left, now_s=now) if left else {}
         for jid in lost:
             if jid in self.rate:
-                pre[jid] = self.spec[jid].rescale_down_s * self.rate[jid]
+                pre[jid] = COSTS.preemption(self.rate[jid], self.spec[jid].rescale_down_s)
                 self.tot["preempt"] += 1
                 self.tot["pcost"] += pre[jid]
                 self.tot["ppause"] += self.spec[jid].rescale_down_s

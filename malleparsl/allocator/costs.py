@@ -11,10 +11,11 @@ once: the simulator's accounting charges with it and hands the same object to th
   so a rescale costs ``pause x rate at the new size`` and a start pays its pause too.
 
 >>> import numpy as np
->>> OLD_RATE.rescale(np.array([0, 2, 4]), 2, np.array([0.0, 10.0, 20.0, 30.0, 40.0]), 5.0, 2.0)
-array([40.,  0., 100.])
->>> PAUSE.rescale(np.array([0, 2, 4]), 0, np.array([0.0, 10.0, 20.0, 30.0, 40.0]), 5.0, 2.0)
-array([  0., 100., 200.])
+>>> rates = np.array([0.0, 10.0, 20.0, 30.0, 40.0])  # rate at 0..4 nodes
+>>> OLD_RATE.rescale(np.array([0, 2, 4]), 2, rates, 5.0, 2.0).tolist()  # from 2 nodes
+[40.0, 0.0, 100.0]
+>>> PAUSE.rescale(np.array([0, 2, 4]), 0, rates, 5.0, 2.0).tolist()  # a start pays
+[0.0, 100.0, 200.0]
 """
 
 from __future__ import annotations

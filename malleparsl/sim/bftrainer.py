@@ -256,16 +256,22 @@ class _BFReplay:
             if progress is not None and k % 200 == 0:
                 progress((t - t0) / tr.duration_s)
         else:  # the window's tail after the last event (no row: the original has none)
-            self.tail, complete = self._credit(prev, tr.end_s, {})
+            self.tail, complete = self._credit(prev, tr.end_s, {}, self._held())
             for jid in complete:
                 self.finish[jid] = tr.end_s
         if progress is not None:
             progress(1.0)
 
-    def _credit(self, prev: float, now: float, pre: dict[str, float]) -> tuple[float, list[str]]:
-        """Credit ``[prev, now)``; returns the samples credited and the jobs now complete."""
+    def _held(self) -> int:
+        return sum(len(self.ctl.allocation.nodes_of(j)) for j in self.rate)
+
+    def _credit(
+        self, prev: float, now: float, pre: dict[str, float], held: int
+    ) -> tuple[float, list[str]]:
+        """Credit ``[prev, now)`` (``held`` nodes in use over it); returns the samples credited
+        and the jobs now complete."""
         dt = now - prev
-        self.tot["used"] += dt * sum(len(self.ctl.allocation.nodes_of(j)) for j in self.rate)
+        self.tot["used"] += dt * held
         thr, complete = 0.0, []
         for jid in list(self.rate):
             p = dt * self.rate[jid] - self.cost[jid] - pre.get(jid, 0.0)
@@ -282,6 +288,7 @@ class _BFReplay:
     def _step(self, k: int, prev: float, now: float, left: list[str], joined: list[str]) -> bool:
         ctl = self.ctl
         pre: dict[str, float] = {}
+        held = self._held()  # before the event takes nodes back: they were used until now
         lost = ctl.remove_nodes(left, now_s=now) if left else {}
         for jid in lost:
             if jid in self.rate:
@@ -290,7 +297,7 @@ class _BFReplay:
                 self.tot["pcost"] += pre[jid]
                 self.tot["ppause"] += self.spec[jid].rescale_down_s
         old_rate_sum = sum(self.rate.values())
-        thr, complete = self._credit(prev, now, pre)
+        thr, complete = self._credit(prev, now, pre, held)
         for jid in complete:
             ctl.finish(jid, now_s=now)
             self.finish[jid] = now

@@ -95,6 +95,8 @@ def test_preemption_costs_once_per_job():
     row = r.steps.iloc[0]
     assert (row["Nleft"], row["Npre"]) == (2, 1)
     assert row["PreCost"] == pytest.approx(2.0 * 40.0)  # rescale_down_s x rate before (4 nodes)
+    # the lost nodes were in use until they went: 4 x 60 + 2 x 40 node-seconds
+    assert r.used_node_s == pytest.approx(320.0)
 
 
 def test_node_events_drop_non_changes():

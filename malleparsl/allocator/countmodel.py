@@ -15,6 +15,11 @@ are that few distinct values). With ``c`` nodes held now and ``r`` the curve, an
     grow    k > c      Tfwd * r(c) + (r(k) - r(c)) * H_b       - rescale_up_s   * r(c)
     shrink  k < c      Tfwd * r(c) - (r(c) - r(k)) * H_rel(k)  - rescale_down_s * r(c)
 
+The rescale terms are those of the cost rule in use (:mod:`~malleparsl.allocator.costs`,
+``costs=``): above, BFTrainer's (``OLD_RATE``: the pause at the old rate, so a start is free);
+with ``PAUSE`` the pause is paid at ``r(k)``. ``weights`` (default: each spec's ``weight``)
+scale a job's values, e.g. to value work rather than samples (``milp(value="work")``).
+
 The gain of growing lasts until the first new node leaves (``H_b``, the lowest horizon among
 them); a shrinking job releases its shortest-lived nodes and its loss lasts as long as the
 longest of those would have stayed (``H_rel``). Both readings are the pessimistic ones, so the
@@ -42,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.model import NodeId
 
@@ -109,6 +115,8 @@ def build_options(
     *,
     horizon_aware: bool = False,
     max_levels: int = 8,
+    costs: RescaleCosts = OLD_RATE,
+    weights: Sequence[float] | None = None,
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
@@ -142,7 +150,8 @@ def build_options(
         sizes = allowed_sizes(j, n_nodes)
         c = len(j.current)
         rates = j.curve.rates_upto(int(max(sizes.max(), c)))
-        w, rc = j.spec.weight, rates[c]
+        w, rc = (j.spec.weight if weights is None else weights[ji]), rates[c]
+        up_s, down_s = j.spec.rescale_up_s, j.spec.rescale_down_s
         base = tfwd * rc
         # shrinking (or keeping): release the c-k shortest-lived nodes
         if horizon_aware:
@@ -155,7 +164,7 @@ def build_options(
         ng_vals = np.where(
             ng == c,
             w * base,
-            w * (base - (rc - rates[ng]) * h_rel - j.spec.rescale_down_s * rc),
+            w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)),
         )
         keep_idx = _prune_nongrow(ng, ng_vals)
         # released[m, L]: among the m shortest-lived current nodes, those at level <= L
@@ -190,7 +199,8 @@ def build_options(
             # a gain cannot outlast the job: it trains at most total_samples / r(k) seconds
             with np.errstate(divide="ignore"):
                 lasts = np.minimum(lasts, (j.spec.total_samples / rates[gs])[None, :])
-        grid = w * (base + lasts * gain[None, :] - j.spec.rescale_up_s * rc)
+        pay = costs.rescale(gs, c, rates, up_s, down_s)[None, :]
+        grid = w * (base + lasts * gain[None, :] - pay)
         avail = total_per - released[c]
         grid = np.where((gs[None, :] - c) <= avail[:, None], grid, -np.inf)
         # best value over options at least as cheap: same-or-lower level, same-or-smaller size
@@ -238,22 +248,26 @@ def horizon_objective(
     jobs: Sequence[JobView],
     assignment: Mapping[str, frozenset[NodeId]],
     horizons: Mapping[NodeId, float],
+    costs: RescaleCosts = OLD_RATE,
+    weights: Sequence[float] | None = None,
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
     long as the longest-lived released node would have stayed)."""
     total = 0.0
-    for j in jobs:
+    for ji, j in enumerate(jobs):
         new, cur = assignment.get(j.job_id, frozenset()), j.current
         k, c, r = len(new), len(cur), j.curve.rate
+        rates = j.curve.rates_upto(max(k, c))
+        pay = float(costs.rescale(np.array([k]), c, rates, j.spec.rescale_up_s, j.spec.rescale_down_s)[0])
         v = snapshot.tfwd_s * r(c)
         if k > c:
             lasts = min(horizons[n] for n in new - cur)
             if math.isfinite(j.spec.total_samples) and r(k) > 0:
                 lasts = min(lasts, j.spec.total_samples / r(k))
-            v += (r(k) - r(c)) * lasts - j.spec.rescale_up_s * r(c)
+            v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
-            v -= j.spec.rescale_down_s * r(c)
-        total += j.spec.weight * v
+            v -= pay
+        total += (j.spec.weight if weights is None else weights[ji]) * v
     return total

@@ -18,6 +18,9 @@ its rules (``simulate --semantics bftrainer``):
   migration is charged as a grow or shrink by its net size change, as a shrink when equal.)
 - Preemption cost: ``rescale_down_s`` x the job's rate before the event, once per job that
   lost at least one node to the trace.
+- Both rules are :data:`~malleparsl.allocator.costs.OLD_RATE` (``COSTS``); the replay hands
+  that object to the policy (``policy.costs``), so a policy's model charges what this
+  accounting charges.
 - Initial map: the idle nodes at the window start go to the jobs submitted by then (the
   original draws a random map; with one job — the published case — that is all of them, up to
   its maximum; with several, this replayer asks the policy), charged ``rate x rescale_up_s``.
@@ -39,11 +42,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from malleparsl.allocator.costs import OLD_RATE
 from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.sim.horizon import FragmentHorizon
-from malleparsl.sim.result import EVENT_COLUMNS, SIZE_COLUMNS, SimResult
+from malleparsl.sim.result import EVENT_COLUMNS, JOB_COLUMNS, SIZE_COLUMNS, SimResult
 from malleparsl.sim.setups import make_setup
 from malleparsl.traces import IdleTrace
 
@@ -65,6 +69,9 @@ STEP_COLUMNS = [
     "PreCost",
 ]
 """The original replayer's step-log columns (see ``../shared/data/bftrainer-reference``)."""
+
+COSTS = OLD_RATE
+"""The rescale and preemption costs this accounting charges; the policy is handed the same."""
 
 
 def node_events(trace: IdleTrace) -> tuple[list[str], list[tuple[float, list[str], list[str]]]]:
@@ -139,8 +146,11 @@ class _BFReplay:
                 "replays known curves only (use the default semantics)"
             )
         self.trace, self.policy = trace, policy
-        if getattr(pol, "charge", None) is not None:
-            pol.charge = "old-rate"  # type: ignore[attr-defined]  # costs as this accounting
+        # the policy values decisions with the costs this accounting charges (COSTS)
+        if hasattr(pol, "costs"):
+            pol.costs = COSTS  # type: ignore[attr-defined]
+        if hasattr(pol, "charge"):  # hold's name for the same rule
+            pol.charge = COSTS.name  # type: ignore[attr-defined]
         self.free = bool(getattr(pol, "ignores_costs", False))
         uncapped = self.free and not getattr(pol, "keeps_cap", False)
         self.horizon = FragmentHorizon() if horizon else None
@@ -209,10 +219,11 @@ class _BFReplay:
             s = self.spec[jid]
             cost = 0.0
             if new_nodes != held[jid]:
-                pause = s.rescale_up_s if new > old else s.rescale_down_s
-                if self.free:
-                    pause = 0.0
-                cost = pause * s.curve.rate(old)  # type: ignore[union-attr]
+                up, down = (0.0, 0.0) if self.free else (s.rescale_up_s, s.rescale_down_s)
+                pause = up if new > old else down
+                to = new if new != old else old - 1  # a migration is charged as a shrink
+                rates = s.curve.rates_upto(max(new, old))  # type: ignore[union-attr]
+                cost = float(COSTS.rescale(np.array([to]), old, rates, up, down)[0])
                 self.tot["rescales"] += 1
                 self.tot["pause"] += pause if old > 0 else 0.0
                 self.rescales[jid] += 1
@@ -245,16 +256,22 @@ class _BFReplay:
             if progress is not None and k % 200 == 0:
                 progress((t - t0) / tr.duration_s)
         else:  # the window's tail after the last event (no row: the original has none)
-            self.tail, complete = self._credit(prev, tr.end_s, {})
+            self.tail, complete = self._credit(prev, tr.end_s, {}, self._held())
             for jid in complete:
                 self.finish[jid] = tr.end_s
         if progress is not None:
             progress(1.0)
 
-    def _credit(self, prev: float, now: float, pre: dict[str, float]) -> tuple[float, list[str]]:
-        """Credit ``[prev, now)``; returns the samples credited and the jobs now complete."""
+    def _held(self) -> int:
+        return sum(len(self.ctl.allocation.nodes_of(j)) for j in self.rate)
+
+    def _credit(
+        self, prev: float, now: float, pre: dict[str, float], held: int
+    ) -> tuple[float, list[str]]:
+        """Credit ``[prev, now)`` (``held`` nodes in use over it); returns the samples credited
+        and the jobs now complete."""
         dt = now - prev
-        self.tot["used"] += dt * sum(len(self.ctl.allocation.nodes_of(j)) for j in self.rate)
+        self.tot["used"] += dt * held
         thr, complete = 0.0, []
         for jid in list(self.rate):
             p = dt * self.rate[jid] - self.cost[jid] - pre.get(jid, 0.0)
@@ -271,15 +288,16 @@ class _BFReplay:
     def _step(self, k: int, prev: float, now: float, left: list[str], joined: list[str]) -> bool:
         ctl = self.ctl
         pre: dict[str, float] = {}
+        held = self._held()  # before the event takes nodes back: they were used until now
         lost = ctl.remove_nodes(left, now_s=now) if left else {}
         for jid in lost:
             if jid in self.rate:
-                pre[jid] = self.spec[jid].rescale_down_s * self.rate[jid]
+                pre[jid] = COSTS.preemption(self.rate[jid], self.spec[jid].rescale_down_s)
                 self.tot["preempt"] += 1
                 self.tot["pcost"] += pre[jid]
                 self.tot["ppause"] += self.spec[jid].rescale_down_s
         old_rate_sum = sum(self.rate.values())
-        thr, complete = self._credit(prev, now, pre)
+        thr, complete = self._credit(prev, now, pre, held)
         for jid in complete:
             ctl.finish(jid, now_s=now)
             self.finish[jid] = now
@@ -362,6 +380,7 @@ class _BFReplay:
                 self.done.get(j.job_id, 0.0),
                 self.rescales.get(j.job_id, 0),
                 0.0,
+                j.total_samples,
             )
             for j in self.todo
         ]
@@ -384,19 +403,7 @@ class _BFReplay:
             wall_s=wall_s,
             events=pd.DataFrame(ev, columns=EVENT_COLUMNS),
             sizes=pd.DataFrame(self.size_rows, columns=SIZE_COLUMNS),
-            jobs=pd.DataFrame(
-                job_rows,
-                columns=[
-                    "job",
-                    "model",
-                    "submit_s",
-                    "start_s",
-                    "finish_s",
-                    "samples",
-                    "rescales",
-                    "pause_s",
-                ],
-            ),
+            jobs=pd.DataFrame(job_rows, columns=JOB_COLUMNS),
             replans=len(self.solve),
             extra={"semantics": "bftrainer"},
         )

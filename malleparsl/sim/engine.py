@@ -34,7 +34,7 @@ from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.sim.horizon import FragmentHorizon
-from malleparsl.sim.result import EVENT_COLUMNS, SIZE_COLUMNS, SimResult
+from malleparsl.sim.result import EVENT_COLUMNS, JOB_COLUMNS, SIZE_COLUMNS, SimResult
 from malleparsl.sim.setups import make_setup
 from malleparsl.traces import IdleTrace
 
@@ -377,9 +377,6 @@ class _Replay:
             wall_s=wall_s,
             events=pd.DataFrame(self.ev_rows, columns=EVENT_COLUMNS),
             sizes=pd.DataFrame(self.size_rows, columns=SIZE_COLUMNS),
-            jobs=pd.DataFrame(job_rows, columns=[
-                "job", "model", "submit_s", "start_s", "finish_s", "samples", "rescales",
-                "pause_s", "total_samples",
-            ]),
+            jobs=pd.DataFrame(job_rows, columns=JOB_COLUMNS),
             replans=int(tot["replans"]),
         )

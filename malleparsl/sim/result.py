@@ -28,6 +28,19 @@ EVENT_COLUMNS = [
     "changed_jobs",
 ]
 SIZE_COLUMNS = ["time_s", "job", "nodes"]
+JOB_COLUMNS = [
+    "job",
+    "model",
+    "submit_s",
+    "start_s",
+    "finish_s",
+    "samples",
+    "rescales",
+    "pause_s",
+    "total_samples",
+]
+"""The per-job table's columns, one definition for every accounting (``progress`` reads
+``samples`` / ``total_samples``)."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.sim.bftrainer import STEP_COLUMNS, node_events, simulate_bftrainer, steps_match
 from malleparsl.sim.engine import SimOptions, simulate
+from malleparsl.sim.result import JOB_COLUMNS
 from malleparsl.traces import load_trace, trace_from_fragments
 
 REF = Path("bftrainer-reference") / "shufflenet10_n64_equal_share_steps.csv"
@@ -94,6 +95,8 @@ def test_preemption_costs_once_per_job():
     row = r.steps.iloc[0]
     assert (row["Nleft"], row["Npre"]) == (2, 1)
     assert row["PreCost"] == pytest.approx(2.0 * 40.0)  # rescale_down_s x rate before (4 nodes)
+    # the lost nodes were in use until they went: 4 x 60 + 2 x 40 node-seconds
+    assert r.used_node_s == pytest.approx(320.0)
 
 
 def test_node_events_drop_non_changes():
@@ -119,3 +122,16 @@ def test_heuristic_share_must_exceed_the_minimum():
 def test_unknown_semantics_is_refused():
     with pytest.raises(SpecError, match="semantics"):
         SimOptions(semantics="bftrainerx")
+
+
+def test_job_table_has_the_shared_columns_and_progress():
+    # progress = sum of samples / total_samples over jobs: needs total_samples in the job table
+    tr = trace_from_fragments([("n1", 0, 1000), ("n2", 100, 1000)])
+    jobs = [spec("a", total=600.0), spec("b", submit=10.0, total=1e9)]
+    r = simulate_bftrainer(tr, jobs, policy="bftrainer-heuristic")
+    d = simulate(tr, jobs, policy="bftrainer-heuristic")
+    assert list(r.jobs.columns) == list(d.jobs.columns) == JOB_COLUMNS
+    done = r.jobs.set_index("job")["samples"]
+    assert done["a"] == 600.0 and 0 < done["b"] < 1e9
+    assert r.progress == pytest.approx(1.0 + done["b"] / 1e9)
+    assert r.summary()["progress"] > 1.0

@@ -49,6 +49,7 @@ from malleparsl.allocator.base import (
 )
 from malleparsl.allocator.objective import allowed_sizes, check_inputs
 from malleparsl.allocator.placement import longest_first, node_horizons, place
+from malleparsl.allocator.value_table import best_counts_table, hold_value_table
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation
 
@@ -174,6 +175,10 @@ class HoldPolicy(AllocationPolicy):
         self.jct_weight = float(jct_weight)
         self.charge = "pause"  # how rescales are paid; the BFTrainer replay sets "old-rate"
 
+    vectorised = True
+    """Values and knapsack on one table (:mod:`~malleparsl.allocator.value_table`); False: the
+    per-job reference path, slower and with the same answers."""
+
     def __repr__(self) -> str:
         return f"HoldPolicy(objective={self.objective!r})"
 
@@ -191,12 +196,16 @@ class HoldPolicy(AllocationPolicy):
         prio = priority_weights(jobs, self.objective, self.jct_weight)
         cand = _candidates(jobs, n, prio)
         jobs, prio = [jobs[i] for i in cand], prio[cand]
-        values = []
-        for j, w in zip(jobs, prio):
-            sizes = allowed_sizes(j, n)
-            own_h = float(np.mean([hz[x] for x in j.current])) if j.current else free_h
-            values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.charge)))
-        counts = best_counts(n, jobs, values)
+        own = [float(np.mean([hz[x] for x in j.current])) if j.current else free_h for j in jobs]
+        if self.vectorised:
+            table = hold_value_table(jobs, n, free_h, own, prio, self.charge)
+            counts = best_counts_table(n, jobs, table)
+        else:  # the per-job reference path (bit-identical answers; tests compare the two)
+            values = []
+            for j, w, own_h in zip(jobs, prio, own):
+                sizes = allowed_sizes(j, n)
+                values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.charge)))
+            counts = best_counts(n, jobs, values)
         order = sorted(jobs, key=lambda j: -counts[j.job_id] + len(j.current))
         return place(
             snapshot,

@@ -28,7 +28,11 @@ passes the progress it was told), else the job's total.
 
 Counts are chosen by an exact dynamic programme over (jobs x nodes) — a multiple-choice
 knapsack, as in :func:`~malleparsl.allocator.objective.best_count_objective` — in O(J x N x K)
-vector operations: milliseconds at 10 jobs x 128 nodes, no solver, no time limit to hit.
+vector operations: milliseconds at 10 jobs x 128 nodes, no solver, no time limit to hit. The
+policy computes values and programme on one (jobs x sizes) table
+(:mod:`~malleparsl.allocator.value_table`; bit-identical to :func:`hold_values` and
+:func:`best_counts` per job, which stay as the reference): uncapped on the whole Summit machine
+(up to ~800 jobs x ~2,000 nodes) at most 0.18 s of CPU per decision.
 Objectives other than throughput (``"jct"``, a weighted ``"mix"``) scale each job's values by
 a priority weight (:mod:`~malleparsl.allocator.priority`).
 """

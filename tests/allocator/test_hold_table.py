@@ -37,9 +37,15 @@ def _random_jobs(rng: np.random.Generator, n_nodes: int, n_jobs: int) -> list[Jo
         free = free[hold:]
         total = math.inf if rng.random() < 0.2 else float(rng.choice([50.0, 500.0, 5e4]))
         spec = JobSpec(
-            f"j{i}", min_nodes=lo, max_nodes=hi, rescale_up_s=float(rng.choice([0.0, 20.0])),
-            rescale_down_s=10.0, total_samples=total, weight=float(rng.choice([1.0, 0.5])),
-            submit_s=float(i), curve=CURVES[int(rng.integers(len(CURVES)))],
+            f"j{i}",
+            min_nodes=lo,
+            max_nodes=hi,
+            rescale_up_s=float(rng.choice([0.0, 20.0])),
+            rescale_down_s=10.0,
+            total_samples=total,
+            weight=float(rng.choice([1.0, 0.5])),
+            submit_s=float(i),
+            curve=CURVES[int(rng.integers(len(CURVES)))],
         )
         # a narrowed view may leave a job holding more than its maximum or less than its minimum
         view_hi = int(rng.integers(lo, hi + 1)) if rng.random() < 0.2 else None
@@ -105,8 +111,9 @@ def test_uncapped_simulation_is_identical_on_both_paths(monkeypatch):
         out = {}
         for fast in (True, False):
             monkeypatch.setattr(HoldPolicy, "vectorised", fast)
-            out[fast] = simulate(tr, specs, policy=policy, options=SimOptions(max_active=None),
-                                 history=full)
+            out[fast] = simulate(
+                tr, specs, policy=policy, options=SimOptions(max_active=None), history=full
+            )
         a, b = out[True], out[False]
         assert a.jobs_done > 5 and len(a.sizes) > 50  # jobs queued, started, resized, finished
         pd.testing.assert_frame_equal(a.jobs, b.jobs, check_exact=True)

@@ -32,7 +32,7 @@ vector operations: milliseconds at 10 jobs x 128 nodes, no solver, no time limit
 policy computes values and programme on one (jobs x sizes) table
 (:mod:`~malleparsl.allocator.value_table`; bit-identical to :func:`hold_values` and
 :func:`best_counts` per job, which stay as the reference): uncapped on the whole Summit machine
-(up to ~800 jobs x ~2,000 nodes) at most 0.18 s of CPU per decision.
+(up to ~800 jobs x ~2,000 nodes) at most 0.27 s of CPU per decision.
 Objectives other than throughput (``"jct"``, a weighted ``"mix"``) scale each job's values by
 a priority weight (:mod:`~malleparsl.allocator.priority`).
 """

@@ -157,6 +157,10 @@ class HoldPolicy(AllocationPolicy):
         With ``"mix"``: the share of the completion-time priority (0..1).
     """
 
+    vectorised = True
+    """Values and knapsack on one table (:mod:`~malleparsl.allocator.value_table`); False: the
+    per-job reference path, slower and with the same answers."""
+
     def __init__(
         self,
         *,
@@ -178,10 +182,6 @@ class HoldPolicy(AllocationPolicy):
         self.objective = objective
         self.jct_weight = float(jct_weight)
         self.charge = "pause"  # how rescales are paid; the BFTrainer replay sets "old-rate"
-
-    vectorised = True
-    """Values and knapsack on one table (:mod:`~malleparsl.allocator.value_table`); False: the
-    per-job reference path, slower and with the same answers."""
 
     def __repr__(self) -> str:
         return f"HoldPolicy(objective={self.objective!r})"

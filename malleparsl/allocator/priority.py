@@ -61,12 +61,12 @@ def priority_weights(
     predictable = set(pred)
     unpred = [i for i in range(n) if i not in predictable]
     if pred:
-        t = np.array(
-            [
-                jobs[i].remaining / max(float(jobs[i].curve.rates_upto(jobs[i].hi).max()), 1e-12)
-                for i in pred
-            ]
-        )
+        best: dict[tuple, float] = {}  # best rate per (curve, max size): jobs share curves
+        for i in pred:
+            key = (jobs[i].curve, jobs[i].hi)
+            if key not in best:
+                best[key] = max(float(jobs[i].curve.rates_upto(jobs[i].hi).max()), 1e-12)
+        t = np.array([jobs[i].remaining / best[(jobs[i].curve, jobs[i].hi)] for i in pred])
         inv = 1.0 / np.maximum(t, 1.0)
         w[pred] = inv / inv.mean()
     if unpred:

@@ -1,0 +1,131 @@
+"""The ``hold`` policy's values and knapsack on one dense (jobs x sizes) table: the fast path.
+
+Uncapped on the whole Summit machine a decision sees up to ~800 jobs and ~2,000 nodes, and the
+per-job path (:func:`~malleparsl.allocator.hold.hold_values` then
+:func:`~malleparsl.allocator.hold.best_counts`) spent most of its time in numpy call overhead:
+a curve interpolated per job, a strided view and an argmax over options per job. Here
+
+- every job's values are computed at once on a ``(J, S + 1)`` table (``S`` the largest size
+  any job may take; sizes a job may not take hold ``-inf``), with each curve interpolated once;
+- the programme keeps the best-value vector after every job (``J x (N + 1)`` floats) instead
+  of an argmax per job and cell, and recovers each job's choice on the way back with one
+  argmax over its options at the single node budget that matters;
+- a waiting job none of whose starts is worth anything leaves the vector as it is (skipped).
+
+The answers are *bit-identical* to the per-job path, not just as good: every value is the same
+IEEE operation on the same operands, the programme adds the same numbers in the same job order,
+and a tie between options still goes to the smallest size (``argmax`` takes the first maximum;
+a skipped job's options can at best tie with keeping 0 nodes, since the best-value vector never
+decreases with the budget). ``tests/allocator/test_hold_table.py`` holds both paths to equality.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from malleparsl.allocator.base import JobView
+from malleparsl.model import ScalingCurve
+
+__all__ = ["best_counts_table", "hold_value_table"]
+
+
+def _rate_tables(jobs: Sequence[JobView], top: int) -> np.ndarray:
+    """``R[j, k]`` = rate of job ``j``'s curve at ``k`` nodes, ``k`` in ``0..top``."""
+    rows: dict[ScalingCurve, int] = {}
+    idx = np.empty(len(jobs), dtype=np.int64)
+    for i, j in enumerate(jobs):
+        idx[i] = rows.setdefault(j.curve, len(rows))
+    # np.interp evaluates each point alone, so one long table equals every per-job one
+    table = np.stack([c.rates_upto(top) for c in rows]) if rows else np.zeros((0, top + 1))
+    return table[idx]
+
+
+def hold_value_table(
+    jobs: Sequence[JobView],
+    n_nodes: int,
+    free_h: float,
+    own_h: Sequence[float],
+    prio: np.ndarray,
+    charge: str = "pause",
+) -> np.ndarray:
+    """``prio[j] * hold_values(jobs[j], k, ...)`` for ``k`` in ``0..S``; ``-inf`` off limits.
+
+    ``S`` = the largest size any job may take (``min(hi, n_nodes)``); ``own_h[j]`` as in
+    :func:`~malleparsl.allocator.hold.hold_values`.
+    """
+    nj = len(jobs)
+    lo = np.fromiter((j.lo for j in jobs), np.int64, nj)
+    hi = np.minimum(np.fromiter((j.hi for j in jobs), np.int64, nj), n_nodes)
+    cur = np.fromiter((len(j.current) for j in jobs), np.int64, nj)
+    smax = int(max(int(hi.max(initial=0)), 0))
+    top = int(max(smax, int(cur.max(initial=0))))
+    rates = _rate_tables(jobs, top)
+    k = np.arange(smax + 1)
+    rk = rates[:, : smax + 1]
+    c = cur[:, None]
+    rc = np.take_along_axis(rates, c, axis=1)
+    left = np.fromiter((j.remaining for j in jobs), float, nj)[:, None]
+    up = np.fromiter((j.spec.rescale_up_s for j in jobs), float, nj)[:, None]
+    down = np.fromiter((j.spec.rescale_down_s for j in jobs), float, nj)[:, None]
+    weight = np.fromiter((j.spec.weight for j in jobs), float, nj)[:, None]
+    own = np.asarray(own_h, dtype=float)[:, None]
+    # the same operations, operand for operand, as hold.hold_values (bit-identical results)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
+    h_grow = np.minimum(free_h, job_h)
+    exposure = np.where(job_h > free_h, down * rk, 0.0)
+    paid = rk if charge == "pause" else np.broadcast_to(rc, rk.shape)
+    pause = np.where((c == 0) & (job_h <= free_h), 0.0, up * paid)
+    grow = (rk - rc) * h_grow - pause - exposure
+    shrink = -(rc - rk) * np.minimum(own, job_h) - down * paid
+    val = np.where(k > c, grow, np.where(k < c, shrink, 0.0))
+    out = np.asarray(prio, dtype=float)[:, None] * (weight * val)
+    allowed = (k == 0) | ((k >= lo[:, None]) & (k <= hi[:, None]))
+    out[~allowed] = -np.inf
+    return out
+
+
+def best_counts_table(n_nodes: int, jobs: Sequence[JobView], table: np.ndarray) -> dict[str, int]:
+    """Exact multiple-choice knapsack over ``table[j, k]`` (value of ``k`` nodes for job ``j``).
+
+    Same answer, ties included, as :func:`~malleparsl.allocator.hold.best_counts` given each
+    job's allowed sizes and values.
+    """
+    nj = len(jobs)
+    counts: dict[str, int] = {}
+    if nj == 0:
+        return counts
+    s = table.shape[1] - 1
+    n = n_nodes
+    pad = np.full(s + n + 1, -np.inf)  # pad[s + m] = best[m]; -inf below a budget of 0
+    pad[s:] = 0.0
+    # win[t, m] = pad[t + m] = best[m - (s - t)]: a view re-read after every job; the options
+    # run largest size first (t = s - k) so that rows are contiguous and the max over them is
+    # an element-wise maximum of rows (the max of a set of floats does not depend on order)
+    win = np.lib.stride_tricks.sliding_window_view(pad, n + 1)
+    rev = table[:, ::-1]
+    hist = np.empty((nj, n + 1))  # best before each job
+    buf = np.empty((s + 1, n + 1))
+    # a job that holds nothing and gains nothing by starting cannot change the vector
+    idle = np.fromiter((not j.current for j in jobs), bool, nj) & ~(table[:, 1:] > 0).any(axis=1)
+    for i in range(nj):
+        hist[i] = pad[s:]
+        if idle[i]:
+            continue
+        np.add(win, rev[i][:, None], out=buf)
+        buf.max(axis=0, out=pad[s:])
+    m = int(np.argmax(pad[s:]))
+    for i in range(nj - 1, -1, -1):
+        if m == 0 or idle[i]:  # no budget left, or a job that cannot beat keeping 0 nodes
+            counts[jobs[i].job_id] = 0
+            continue
+        kk = min(s, m)
+        # the job's options at budget m, smallest size first (argmax takes the first maximum)
+        cand = hist[i, m - kk : m + 1][::-1] + table[i, : kk + 1]
+        k = int(np.argmax(cand))
+        counts[jobs[i].job_id] = k
+        m -= k
+    return counts

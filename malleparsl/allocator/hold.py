@@ -53,7 +53,7 @@ from malleparsl.allocator.base import (
 )
 from malleparsl.allocator.objective import allowed_sizes, check_inputs
 from malleparsl.allocator.placement import longest_first, node_horizons, place
-from malleparsl.allocator.value_table import best_counts_table, hold_value_table
+from malleparsl.allocator.value_table import HOLD_CAP_S, best_counts_table, hold_value_table
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation
 
@@ -79,7 +79,8 @@ def hold_values(
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
     s = view.spec
-    h_grow = np.minimum(free_h, job_h)
+    h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)  # finite: see HOLD_CAP_S
+    h_own = np.minimum(np.minimum(own_h, job_h), HOLD_CAP_S)
     exposure = np.where(job_h > free_h, s.rescale_down_s * rk, 0.0)
     # "pause": the job trains nothing during the pause (at its new size: a start pays too);
     # "old-rate": BFTrainer's accounting, a lump of pause x the rate before (a start is free)
@@ -88,8 +89,9 @@ def hold_values(
     # pays it once whatever happens: charging it here would leave a job whose last samples
     # take less than the pause stopped for ever (its result never delivered)
     pause = np.where((c == 0) & (job_h <= free_h), 0.0, s.rescale_up_s * paid)
-    grow = (rk - rc) * h_grow - pause - exposure
-    shrink = -(rc - rk) * np.minimum(own_h, job_h) - s.rescale_down_s * paid
+    # a flat stretch (equal rates) gains or loses nothing however long it is held
+    grow = np.where(rk != rc, (rk - rc) * h_grow, 0.0) - pause - exposure
+    shrink = -np.where(rk != rc, (rc - rk) * h_own, 0.0) - s.rescale_down_s * paid
     val = np.where(sizes > c, grow, np.where(sizes < c, shrink, 0.0))
     return s.weight * val
 

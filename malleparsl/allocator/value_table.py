@@ -29,7 +29,13 @@ import numpy as np
 from malleparsl.allocator.base import JobView
 from malleparsl.model import ScalingCurve
 
-__all__ = ["best_counts_table", "hold_value_table"]
+__all__ = ["HOLD_CAP_S", "best_counts_table", "hold_value_table"]
+
+HOLD_CAP_S = 1e9
+"""Longest holding time a value counts (~32 years: "for ever" on any trace). An infinite
+horizon (``node_end_s=inf``) with an infinite total would make a grow worth ``+inf`` and a
+shrink ``-inf``, and the programme's ``-inf + inf`` is NaN; capped, every value is finite and
+options still rank by rate difference."""
 
 
 def _rate_tables(jobs: Sequence[JobView], top: int) -> np.ndarray:
@@ -75,12 +81,14 @@ def hold_value_table(
     # the same operations, operand for operand, as hold.hold_values (bit-identical results)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
-    h_grow = np.minimum(free_h, job_h)
+    h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)
+    h_own = np.minimum(np.minimum(own, job_h), HOLD_CAP_S)
     exposure = np.where(job_h > free_h, down * rk, 0.0)
     paid = rk if charge == "pause" else np.broadcast_to(rc, rk.shape)
     pause = np.where((c == 0) & (job_h <= free_h), 0.0, up * paid)
-    grow = (rk - rc) * h_grow - pause - exposure
-    shrink = -(rc - rk) * np.minimum(own, job_h) - down * paid
+    # a flat stretch (equal rates) gains or loses nothing however long it is held
+    grow = np.where(rk != rc, (rk - rc) * h_grow, 0.0) - pause - exposure
+    shrink = -np.where(rk != rc, (rc - rk) * h_own, 0.0) - down * paid
     val = np.where(k > c, grow, np.where(k < c, shrink, 0.0))
     out = np.asarray(prio, dtype=float)[:, None] * (weight * val)
     allowed = (k == 0) | ((k >= lo[:, None]) & (k <= hi[:, None]))

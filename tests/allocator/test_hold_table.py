@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from malleparsl.allocator.base import JobView
+from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.allocator.hold import HoldPolicy, best_counts, hold_values
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.allocator.value_table import best_counts_table, hold_value_table
@@ -60,14 +60,15 @@ def test_value_table_equals_per_job_values_bit_for_bit(charge):
     for _ in range(200):
         n = int(rng.integers(1, 14))
         jobs = _random_jobs(rng, n, int(rng.integers(1, 7)))
-        free_h = float(rng.choice([5.0, 100.0, 600.0, 1e5]))
-        own = [float(rng.choice([3.0, 300.0])) if j.current else free_h for j in jobs]
+        free_h = float(rng.choice([5.0, 100.0, 600.0, 1e5, math.inf]))  # inf: node_end_s=inf
+        own = [float(rng.choice([3.0, 300.0, math.inf])) if j.current else free_h for j in jobs]
         prio = rng.random(len(jobs)) * 2
         table = hold_value_table(jobs, n, free_h, own, prio, charge)
         for row, j, o, w in zip(table, jobs, own, prio):
             sizes = allowed_sizes(j, n)
             ref = w * hold_values(j, sizes, free_h, o, charge)
             assert np.array_equal(row[sizes], ref)  # equal, not close
+            assert np.all(np.isfinite(ref))  # no 0 * inf, no +-inf for the programme to add
             off = np.setdiff1d(np.arange(len(row)), sizes)
             assert np.all(row[off] == -np.inf)
 
@@ -119,3 +120,35 @@ def test_uncapped_simulation_is_identical_on_both_paths(monkeypatch):
         pd.testing.assert_frame_equal(a.jobs, b.jobs, check_exact=True)
         pd.testing.assert_frame_equal(a.sizes, b.sizes, check_exact=True)
         assert a.samples == b.samples
+
+
+def _both_paths(monkeypatch, snap, jobs, **options):
+    out = []
+    for fast in (True, False):
+        monkeypatch.setattr(HoldPolicy, "vectorised", fast)
+        out.append(HoldPolicy(**options).allocate(snap, jobs).sizes())
+    return out
+
+
+def test_flat_curve_under_infinite_horizons_keeps_the_running_job(monkeypatch):
+    """Every end inf, total inf, a flat curve: growing gains 0 (not 0 * inf = NaN), shrinking
+    to 0 loses the job's whole rate for ever, so the job keeps its node on both paths."""
+    flat = ScalingCurve((1, 2, 3), (5.0, 5.0, 5.0))
+    spec = JobSpec("a", max_nodes=3, rescale_up_s=10.0, rescale_down_s=10.0, curve=flat)
+    nodes = ("n1", "n2", "n3")
+    snap = ClusterSnapshot(now_s=0, nodes=nodes, node_end_s=dict.fromkeys(nodes, math.inf))
+    jobs = [JobView(spec, flat, frozenset({"n1"}))]
+    assert _both_paths(monkeypatch, snap, jobs) == [{"a": 1}, {"a": 1}]
+
+
+@pytest.mark.parametrize("objective", ["throughput", "jct"])
+def test_policy_paths_agree_with_infinite_horizons_and_totals(monkeypatch, objective):
+    rng = np.random.default_rng(23)
+    for _ in range(150):
+        n = int(rng.integers(1, 14))
+        jobs = _random_jobs(rng, n, int(rng.integers(1, 7)))
+        nodes = tuple(f"n{i}" for i in range(n))
+        ends = {x: float(rng.choice([30.0, 900.0, math.inf])) for x in nodes if rng.random() < 0.8}
+        snap = ClusterSnapshot(now_s=0, nodes=nodes, node_end_s=ends)
+        fast, ref = _both_paths(monkeypatch, snap, jobs, objective=objective)
+        assert fast == ref

@@ -1,8 +1,14 @@
 """How a rescale and a preemption are paid: one definition for the accounting and the policies.
 
-A policy values a decision with the costs the run will really charge, so the rule lives here
-once: the simulator's accounting charges with it and hands the same object to the policy
-(``policy.costs``). Two rules are in use:
+The rule lives here once, for the accountings and the policies' models. Only the BFTrainer
+replay (:mod:`~malleparsl.sim.bftrainer`) charges with one of these objects and hands the same
+object to the policy (``policy.costs``; a conflicting explicit option is an error). The default
+engine (:mod:`~malleparsl.sim.engine`) charges ``PAUSE`` in time (the job trains nothing while
+it restarts at its new size) but does not touch ``policy.costs``: the count model (``milp`` and
+its variants) plans with ``OLD_RATE`` on purpose there, because its myopic objective (``Tfwd``
+= 10 s) never repays a start's pause — ``milp`` with ``costs="pause"`` under the default
+accounting trained 0 samples on ImageNet 24 h 0:64, 0:128, 0:512 and ``poisson`` 0:128 seeds
+0-1 — while ``hold`` plans with ``PAUSE``. Two rules are in use:
 
 - ``OLD_RATE`` (BFTrainer's objective and its replayer's accounting): a rescale costs
   ``pause x rate at the OLD size``, so a start from 0 nodes is free; a preemption costs

@@ -51,6 +51,7 @@ from malleparsl.allocator.base import (
     register_policy,
     register_policy_factory,
 )
+from malleparsl.allocator.costs import PAUSE, RescaleCosts, costs_named
 from malleparsl.allocator.objective import allowed_sizes, check_inputs
 from malleparsl.allocator.placement import longest_first, node_horizons, place
 from malleparsl.allocator.value_table import HOLD_CAP_S, best_counts_table, hold_value_table
@@ -63,7 +64,11 @@ WINDOW = 4
 
 
 def hold_values(
-    view: JobView, sizes: np.ndarray, free_h: float, own_h: float, charge: str = "pause"
+    view: JobView,
+    sizes: np.ndarray,
+    free_h: float,
+    own_h: float,
+    costs: RescaleCosts = PAUSE,
 ) -> np.ndarray:
     """Value of ``view`` at each count in ``sizes`` relative to keeping its current count.
 
@@ -82,9 +87,9 @@ def hold_values(
     h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)  # finite: see HOLD_CAP_S
     h_own = np.minimum(np.minimum(own_h, job_h), HOLD_CAP_S)
     exposure = np.where(job_h > free_h, s.rescale_down_s * rk, 0.0)
-    # "pause": the job trains nothing during the pause (at its new size: a start pays too);
-    # "old-rate": BFTrainer's accounting, a lump of pause x the rate before (a start is free)
-    paid = rk if charge == "pause" else rc
+    # the rate the pause is paid at (costs.RescaleCosts): PAUSE, the new size (a start pays
+    # too); OLD_RATE, BFTrainer's accounting, the size before (a start is free)
+    paid = rk if costs.at_new_size else rc
     # a stopped job that would finish on these nodes pays its start pause now or later, but
     # pays it once whatever happens: charging it here would leave a job whose last samples
     # take less than the pause stopped for ever (its result never delivered)
@@ -157,6 +162,10 @@ class HoldPolicy(AllocationPolicy):
         :mod:`~malleparsl.allocator.priority`.
     jct_weight
         With ``"mix"``: the share of the completion-time priority (0..1).
+    costs
+        How rescales are paid (:mod:`~malleparsl.allocator.costs`): ``"pause"`` (default, what
+        the default simulator charges) or ``"old-rate"``. The BFTrainer replay
+        (:mod:`~malleparsl.sim.bftrainer`) sets ``policy.costs`` to the rule it charges.
     """
 
     vectorised = True
@@ -169,6 +178,7 @@ class HoldPolicy(AllocationPolicy):
         default_horizon_s: float = 600.0,
         objective: str = "throughput",
         jct_weight: float = 0.5,
+        costs: str | RescaleCosts = PAUSE,
     ) -> None:
         from malleparsl.allocator.priority import OBJECTIVES
 
@@ -183,7 +193,7 @@ class HoldPolicy(AllocationPolicy):
         self.default_horizon_s = float(default_horizon_s)
         self.objective = objective
         self.jct_weight = float(jct_weight)
-        self.charge = "pause"  # how rescales are paid; the BFTrainer replay sets "old-rate"
+        self.costs = costs_named(costs)
 
     def __repr__(self) -> str:
         return f"HoldPolicy(objective={self.objective!r})"
@@ -204,13 +214,13 @@ class HoldPolicy(AllocationPolicy):
         jobs, prio = [jobs[i] for i in cand], prio[cand]
         own = [float(np.mean([hz[x] for x in j.current])) if j.current else free_h for j in jobs]
         if self.vectorised:
-            table = hold_value_table(jobs, n, free_h, own, prio, self.charge)
+            table = hold_value_table(jobs, n, free_h, own, prio, self.costs)
             counts = best_counts_table(n, jobs, table)
         else:  # the per-job reference path (bit-identical answers; tests compare the two)
             values = []
             for j, w, own_h in zip(jobs, prio, own):
                 sizes = allowed_sizes(j, n)
-                values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.charge)))
+                values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.costs)))
             counts = best_counts(n, jobs, values)
         order = sorted(jobs, key=lambda j: -counts[j.job_id] + len(j.current))
         return place(

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from malleparsl.allocator.base import JobView
+from malleparsl.allocator.costs import PAUSE, RescaleCosts
 from malleparsl.model import ScalingCurve
 
 __all__ = ["HOLD_CAP_S", "best_counts_table", "hold_value_table"]
@@ -55,7 +56,7 @@ def hold_value_table(
     free_h: float,
     own_h: Sequence[float],
     prio: np.ndarray,
-    charge: str = "pause",
+    costs: RescaleCosts = PAUSE,
 ) -> np.ndarray:
     """``prio[j] * hold_values(jobs[j], k, ...)`` for ``k`` in ``0..S``; ``-inf`` off limits.
 
@@ -84,7 +85,7 @@ def hold_value_table(
     h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)
     h_own = np.minimum(np.minimum(own, job_h), HOLD_CAP_S)
     exposure = np.where(job_h > free_h, down * rk, 0.0)
-    paid = rk if charge == "pause" else np.broadcast_to(rc, rk.shape)
+    paid = rk if costs.at_new_size else np.broadcast_to(rc, rk.shape)
     pause = np.where((c == 0) & (job_h <= free_h), 0.0, up * paid)
     # a flat stretch (equal rates) gains or loses nothing however long it is held
     grow = np.where(rk != rc, (rk - rc) * h_grow, 0.0) - pause - exposure

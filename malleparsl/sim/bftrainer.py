@@ -20,7 +20,8 @@ its rules (``simulate --semantics bftrainer``):
   lost at least one node to the trace.
 - Both rules are :data:`~malleparsl.allocator.costs.OLD_RATE` (``COSTS``); the replay hands
   that object to the policy (``policy.costs``), so a policy's model charges what this
-  accounting charges.
+  accounting charges; an explicit ``policy_options={"costs": ...}`` naming another rule is a
+  :class:`~malleparsl.errors.SpecError`, not silently overridden.
 - Initial map: the idle nodes at the window start go to the jobs submitted by then (the
   original draws a random map; with one job — the published case — that is all of them, up to
   its maximum; with several, this replayer asks the policy), charged ``rate x rescale_up_s``.
@@ -42,7 +43,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from malleparsl.allocator.costs import OLD_RATE
+from malleparsl.allocator.costs import OLD_RATE, costs_named
 from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
@@ -139,6 +140,13 @@ class _BFReplay:
         history: IdleTrace | None,
         horizon: bool,
     ) -> None:
+        asked = policy_options.get("costs")
+        if asked is not None and costs_named(asked) is not COSTS:
+            raise SpecError(
+                f"policy_options costs={asked!r} conflicts with --semantics bftrainer, which "
+                f"charges {COSTS.name!r} and plans with it; drop the option or use the default "
+                "semantics"
+            )
         pol, advisor, hide = make_setup(policy, **policy_options)
         if hide:
             raise SpecError(
@@ -149,8 +157,6 @@ class _BFReplay:
         # the policy values decisions with the costs this accounting charges (COSTS)
         if hasattr(pol, "costs"):
             pol.costs = COSTS  # type: ignore[attr-defined]
-        if hasattr(pol, "charge"):  # hold's name for the same rule
-            pol.charge = COSTS.name  # type: ignore[attr-defined]
         self.free = bool(getattr(pol, "ignores_costs", False))
         uncapped = self.free and not getattr(pol, "keeps_cap", False)
         self.horizon = FragmentHorizon() if horizon else None

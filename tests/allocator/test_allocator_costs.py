@@ -6,6 +6,7 @@ import pytest
 from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
 from malleparsl.allocator.costs import OLD_RATE, PAUSE, costs_named
 from malleparsl.allocator.countmodel import build_options
+from malleparsl.allocator.hold import HoldPolicy, hold_values
 from malleparsl.allocator.milp import work_weights
 from malleparsl.allocator.objective import best_count_objective
 from malleparsl.allocator.placement import node_horizons
@@ -63,8 +64,43 @@ def test_bftrainer_replay_hands_its_cost_rule_to_the_policy(monkeypatch):
 
     monkeypatch.setattr(milp.MilpPolicy, "allocate", spy)
     tr = trace_from_fragments([("n1", 0, 100), ("n2", 50, 100)])
-    simulate_bftrainer(tr, [spec("a")], policy="milp", policy_options={"costs": "pause"})
+    # milp's default and an explicit request for the same rule both plan with COSTS
+    simulate_bftrainer(tr, [spec("a")], policy="milp")
+    simulate_bftrainer(tr, [spec("a")], policy="milp", policy_options={"costs": "old-rate"})
     assert seen and all(c is COSTS for c in seen) and COSTS is OLD_RATE
+    # hold plans with "pause" by default; the replay hands it COSTS too
+    hold = []
+    orig_hold = HoldPolicy.allocate
+
+    def spy_hold(self, snapshot, jobs):
+        hold.append(self.costs)
+        return orig_hold(self, snapshot, jobs)
+
+    monkeypatch.setattr(HoldPolicy, "allocate", spy_hold)
+    simulate_bftrainer(tr, [spec("a")], policy="hold")
+    assert hold and all(c is COSTS for c in hold)
+
+
+@pytest.mark.parametrize("policy", ["milp", "hold"])
+def test_bftrainer_replay_refuses_a_conflicting_cost_rule(policy):
+    tr = trace_from_fragments([("n1", 0, 100), ("n2", 50, 100)])
+    with pytest.raises(SpecError, match=r"costs='pause' conflicts with --semantics bftrainer"):
+        simulate_bftrainer(tr, [spec("a")], policy=policy, policy_options={"costs": "pause"})
+    with pytest.raises(SpecError, match="costs must be one of"):
+        simulate_bftrainer(tr, [spec("a")], policy=policy, policy_options={"costs": "free"})
+
+
+def test_hold_takes_its_cost_rule_by_name_and_uses_it():
+    assert make_policy("hold").costs is PAUSE
+    assert make_policy("hold-jct", costs="old-rate").costs is OLD_RATE
+    with pytest.raises(SpecError, match="costs must be one of old-rate, pause, got 'free'"):
+        make_policy("hold", costs="free")
+    # a grow from 1 to 4 nodes pays its pause at the new rate (PAUSE) or the old one
+    view = JobView(spec("a"), LIN, frozenset({"n1"}))
+    sizes = np.array([0, 1, 4])
+    pause = hold_values(view, sizes, 100.0, 100.0, PAUSE)
+    old = hold_values(view, sizes, 100.0, 100.0, OLD_RATE)
+    assert old[2] - pause[2] == pytest.approx(5.0 * (40.0 - 10.0))
 
 
 def test_work_value_spends_nodes_where_they_do_most_of_a_job():

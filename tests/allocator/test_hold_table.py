@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.allocator.costs import OLD_RATE, PAUSE
 from malleparsl.allocator.hold import HoldPolicy, best_counts, hold_values
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.allocator.value_table import best_counts_table, hold_value_table
@@ -54,8 +55,8 @@ def _random_jobs(rng: np.random.Generator, n_nodes: int, n_jobs: int) -> list[Jo
     return jobs
 
 
-@pytest.mark.parametrize("charge", ["pause", "old-rate"])
-def test_value_table_equals_per_job_values_bit_for_bit(charge):
+@pytest.mark.parametrize("costs", [PAUSE, OLD_RATE])
+def test_value_table_equals_per_job_values_bit_for_bit(costs):
     rng = np.random.default_rng(7)
     for _ in range(200):
         n = int(rng.integers(1, 14))
@@ -63,10 +64,10 @@ def test_value_table_equals_per_job_values_bit_for_bit(charge):
         free_h = float(rng.choice([5.0, 100.0, 600.0, 1e5, math.inf]))  # inf: node_end_s=inf
         own = [float(rng.choice([3.0, 300.0, math.inf])) if j.current else free_h for j in jobs]
         prio = rng.random(len(jobs)) * 2
-        table = hold_value_table(jobs, n, free_h, own, prio, charge)
+        table = hold_value_table(jobs, n, free_h, own, prio, costs)
         for row, j, o, w in zip(table, jobs, own, prio):
             sizes = allowed_sizes(j, n)
-            ref = w * hold_values(j, sizes, free_h, o, charge)
+            ref = w * hold_values(j, sizes, free_h, o, costs)
             assert np.array_equal(row[sizes], ref)  # equal, not close
             assert np.all(np.isfinite(ref))  # no 0 * inf, no +-inf for the programme to add
             off = np.setdiff1d(np.arange(len(row)), sizes)

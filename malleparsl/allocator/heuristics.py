@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, register_policy
+from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes, check_inputs, job_values
 from malleparsl.allocator.placement import fallback_counts, node_horizons, place
 from malleparsl.model import Allocation
@@ -59,13 +60,21 @@ def equal_share_counts(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> di
     return {j.job_id: t for j, t in zip(jobs, target)}
 
 
-def greedy_counts(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> dict[str, int]:
+def greedy_counts(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobView],
+    *,
+    weights: Sequence[float] | None = None,
+    costs: RescaleCosts = OLD_RATE,
+) -> dict[str, int]:
     """Start from the current sizes; shrink where that pays; then add nodes by best gain/node.
 
     Each step considers, for every job, growing to any larger allowed size (so a curve that
     only improves after a jump is not missed) and applies the step with the highest objective
     gain per added node, until no step gains or no node is free. Values are the published
-    objective, rescale costs included (:func:`~malleparsl.allocator.objective.job_values`).
+    objective, rescale costs included (:func:`~malleparsl.allocator.objective.job_values`);
+    ``weights`` (per job, replacing ``spec.weight``) and ``costs`` let a MILP's fallback keep
+    its own objective (``milp-work``'s work value, a ``"pause"`` cost rule).
     """
     n = len(snapshot.nodes)
     if not jobs:
@@ -74,7 +83,14 @@ def greedy_counts(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> dict[st
     kmax = max(int(s.max()) for s in sizes)
     val = np.full((len(jobs), kmax + 1), -np.inf)  # val[j, k]: value of job j at k nodes
     for i, (j, s) in enumerate(zip(jobs, sizes)):
-        val[i, s] = job_values(j, s, snapshot.tfwd_s)
+        if weights is None and costs is OLD_RATE:
+            val[i, s] = job_values(j, s, snapshot.tfwd_s)
+            continue
+        c = len(j.current)
+        rates = j.curve.rates_upto(int(max(int(s.max(initial=0)), c)))
+        pay = costs.rescale(s, c, rates, j.spec.rescale_up_s, j.spec.rescale_down_s)
+        w = j.spec.weight if weights is None else weights[i]
+        val[i, s] = w * (snapshot.tfwd_s * rates[s] - pay)
     start = fallback_counts(snapshot, jobs)
     cur = np.asarray([start[j.job_id] for j in jobs], dtype=np.int64)
     for i in range(len(jobs)):  # release before add: shrink where a smaller size is worth more

@@ -77,7 +77,8 @@ class MilpPolicy(AllocationPolicy):
         is built and reduced (at least 0.05 s, at most ``time_limit_s``). On timeout the best
         solution found is used, or the reduction's feasible choice (the solver's warm start) if
         that is better; with neither, the current allocation minus lost nodes (topped up
-        greedily with free nodes) — never an empty map. Only the nested-level model (``max_levels > 1``) and tables too
+        greedily with free nodes, valued with ``value`` and ``costs`` over ``tfwd_s``) — never
+        an empty map. Only the nested-level model (``max_levels > 1``) and tables too
         large for the dynamic programme reach the solver.
     mip_gap
         Relative optimality gap at which the solver may stop.
@@ -210,7 +211,8 @@ class MilpPolicy(AllocationPolicy):
             chosen = mine
         if chosen is None:
             self.last_fallback = True
-            return _fallback(snapshot, jobs, horizons)
+            self.last_stats["fallback"] = "greedy"
+            return _fallback(snapshot, jobs, horizons, weights, self.costs)
         counts = {jobs[int(table.job[i])].job_id: int(table.size[i]) for i in chosen}
         # growers needing the longest-lived nodes pick first
         grow_rows = sorted(
@@ -401,11 +403,21 @@ def _feasible(
     return bool(np.all(net_use(table)[idx].sum(axis=0) <= table.free))
 
 
-def _fallback(snapshot: ClusterSnapshot, jobs: Sequence[JobView], horizons: dict) -> Allocation:
-    """Current allocation minus lost nodes, topped up greedily: never empty for a slow solver."""
+def _fallback(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobView],
+    horizons: dict,
+    weights: Sequence[float] | None,
+    costs: RescaleCosts,
+) -> Allocation:
+    """Current allocation minus lost nodes, topped up greedily: never empty for a slow solver.
+
+    The greedy values options with the policy's ``weights`` (``value="work"``) and ``costs``
+    over ``tfwd_s``; it ignores horizons (``milp-horizon`` falls back to the myopic values).
+    """
     from malleparsl.allocator.heuristics import greedy_counts
 
-    counts = greedy_counts(snapshot, jobs)
+    counts = greedy_counts(snapshot, jobs, weights=weights, costs=costs)
     return place(snapshot, jobs, counts, horizons=horizons)
 
 

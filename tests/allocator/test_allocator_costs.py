@@ -126,3 +126,41 @@ def test_work_ties_go_to_the_faster_model():
 def test_milp_refuses_an_unknown_value():
     with pytest.raises(SpecError, match="value must be one of"):
         make_policy("milp", value="speed")
+
+
+def _no_solution(monkeypatch):
+    """Force the solver fallback: no answer from the solver, no proof from the LP bound."""
+    import malleparsl.allocator.milp as milp
+    from malleparsl.allocator.solvers import SolveResult
+
+    monkeypatch.setattr(milp, "solve", lambda *a, **k: SolveResult("none", 9.9, None, "timeout"))
+    monkeypatch.setattr(milp, "_proved", lambda *a: False)
+
+
+def test_milp_work_fallback_keeps_the_work_value(monkeypatch):
+    fast = ScalingCurve((1, 2), (100.0, 150.0))
+    slow = ScalingCurve((1, 2), (10.0, 20.0))
+    jobs = [JobView(spec("fast", fast, 2), fast), JobView(spec("slow", slow, 2), slow)]
+    snap = ClusterSnapshot(now_s=0, nodes=("n1", "n2"))
+    _no_solution(monkeypatch)
+    pol = make_policy("milp-work", reduce=False, dp=False)
+    assert pol.allocate(snap, jobs).sizes() == {"fast": 1, "slow": 1}  # not {"fast": 2}
+    assert pol.last_fallback and pol.last_stats["fallback"] == "greedy"
+    plain = make_policy("milp", reduce=False, dp=False)
+    assert plain.allocate(snap, jobs).sizes() == {"fast": 2} and plain.last_fallback
+
+
+def test_milp_fallback_keeps_the_cost_rule(monkeypatch):
+    """A start paying 15 s of pause at its new rate is worth less than 10 s of training: with
+    ``costs="pause"`` the fallback starts nothing, as the exact model; old-rate starts are free."""
+    slow_start = JobSpec("a", max_nodes=4, rescale_up_s=15.0, rescale_down_s=2.0, curve=LIN)
+    jobs = [JobView(slow_start, LIN)]
+    snap = ClusterSnapshot(now_s=0, nodes=("n1", "n2", "n3"))
+    exact = {
+        c: make_policy("milp", costs=c).allocate(snap, jobs).sizes() for c in ("pause", "old-rate")
+    }
+    assert exact == {"pause": {}, "old-rate": {"a": 3}}
+    _no_solution(monkeypatch)
+    for c, want in exact.items():
+        pol = make_policy("milp", costs=c, reduce=False, dp=False)
+        assert pol.allocate(snap, jobs).sizes() == want and pol.last_fallback

@@ -305,8 +305,18 @@ class PlanOptions:
         return next((n for n in range(1, n_max + 1) if self.feasible(n)), None)
 
     def leanest_need(self, nodes: int) -> tuple[ExecPlan, float]:
-        """The allowed plan needing the least memory per node at ``nodes``, and that need."""
+        """The allowed plan needing the least memory per node at ``nodes``, and that need.
+
+        Raises :class:`MemoryBudgetError` when the allowed families have no plan at all at
+        this size (ZeRO-1 on one rank; ``accum`` once the local batch is 1 sample)."""
         cands = candidate_plans(self.global_batch, self.ranks(nodes), bases=self.bases)
+        if not cands:
+            raise MemoryBudgetError(
+                f"no plan among {list(self.bases)} can run at {nodes} node(s) of "
+                f"{self.ranks_per_node} rank(s) with global_batch={self.global_batch} (zero1 "
+                "needs 2 ranks or more, accum a local batch of 2 samples or more); allow more "
+                "plans (plans=[...]) or change min_nodes/max_nodes"
+            )
         best = min(cands, key=lambda p: self.node_peak(p, nodes))
         return best, self.node_peak(best, nodes)
 
@@ -337,13 +347,14 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
     """The job's minimum size raised to the smallest size some allowed plan fits."""
     got = options if isinstance(options, PlanOptions) or options is None else plan_options(
         options, ranks_per_node=ranks_per_node)
-    if got is None or got.budget is None:
+    if got is None:
         return min_nodes
     n = got.min_nodes(max_nodes)
     if n is None:
-        _, least = got.leanest_need(max_nodes)
+        _, least = got.leanest_need(max_nodes)  # raises when no plan runs there at all
+        budget = got.budget or 0.0
         raise MemoryBudgetError(
-            f"no plan among {list(got.bases)} fits {got.budget / 2**20:.1f} MiB per node even at "
+            f"no plan among {list(got.bases)} fits {budget / 2**20:.1f} MiB per node even at "
             f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
             f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
             "(plans=[...]) or run on nodes with more memory"

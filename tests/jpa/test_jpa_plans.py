@@ -236,3 +236,29 @@ def test_warm_up_readings_after_a_plan_or_size_change_do_not_set_the_scale() -> 
     jp.observe(dp, 3, samples_per_s=1e-3)  # a new size: its first reading is a warm-up again
     jp.observe(parse_plan("ckpt"), 3, samples_per_s=1e-3)  # and a new plan
     assert jp.version == 1
+
+
+def test_sizes_with_no_plan_are_out_of_the_view_and_bad_sizes_raise_clearly() -> None:
+    """ZeRO-1 alone needs 2 ranks, with or without a budget; ``accum`` needs 2 samples a rank."""
+    zero = {"job_id": "z", "max_nodes": 4, "memory_profile": PROF.as_dict(), "global_batch": 64,
+            "plans": ["zero1"], "total_samples": 1e9}
+    assert spec_from_options(zero).min_nodes == 2
+    with pytest.raises(MemoryBudgetError, match=r"no plan among \['zero1'\] can run at 1 node"):
+        PlanOptions(PROF, 64, None, ("zero1",)).leanest_need(1)
+    with pytest.raises(MemoryBudgetError, match=r"\['zero1'\] can run at 1 node"):
+        JobPlans(PlanOptions(PROF, 64, None, ("zero1",))).choose(1)
+    acc = {"job_id": "a", "max_nodes": 8, "memory_profile": PROF.as_dict(), "global_batch": 4,
+           "plans": ["accum"], "total_samples": 1e9}
+    for policy in ("equal-share", "milp"):
+        pol, prof = Recording(), PlanProfiler()
+        pol.inner = make_policy(policy)
+        ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=prof)
+        ctl.add_nodes([f"n{i}" for i in range(8)], now_s=0)
+        ctl.submit(spec_from_options(acc), now_s=0)
+        ctl.submit(spec_from_options(zero), now_s=0)
+        ctl.replan(now_s=0)
+        assert pol.views[-1]["a"].hi == 3  # 4 samples over 4 ranks: 1 each, nothing to split
+        assert pol.views[-1]["z"].lo == 2
+        n_a, n_z = (len(ctl.allocation.nodes_of(j)) for j in "az")
+        assert 1 <= n_a <= 3 and n_z >= 2
+        assert ctl.plan_for("a", n_a).micro_batch and ctl.plan_for("z", n_z).zero

@@ -30,12 +30,11 @@ bytes per sample kept for the backward pass without/with checkpointing)::
 >>> mem = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64)
 >>> round(mem.peak / 2**20)
 237
->>> best_plan(prof, n=1, global_batch=64, budget=200 * 2**20).name
-'dp@mb=16'
->>> min_feasible_size(prof, global_batch=64, budget=160 * 2**20, n_max=8)  # needs ZeRO-1
+>>> PlanOptions(prof, 64, 160 * 2**20).min_nodes(8)  # needs ZeRO-1 over 2 ranks
 2
->>> best_plan(prof, n=2, global_batch=64, budget=160 * 2**20).name
-'zero1'
+
+Which feasible plan is fastest is the performance model's call
+(:meth:`malleparsl.jpa.plans.JobPlans.choose`).
 """
 
 from __future__ import annotations
@@ -196,65 +195,6 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
         sizes = [None] if b == "dp" else mbs[1:] if b == "accum" else mbs
         out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x) for x in sizes]
     return out
-
-
-def fits(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int, budget: float) -> bool:
-    return plan_memory(prof, plan, n=n, global_batch=global_batch).peak <= budget
-
-
-def default_step_time(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int) -> float:
-    """A relative cost used before any step is measured: recompute costs a third more compute,
-    each micro-batch a fixed overhead, sharding one parameter broadcast."""
-    from malleparsl.jpa.plans import PlanPerfModel  # the fitted model's default parameters
-
-    return PlanPerfModel.default(prof).step_time(plan, n=n, global_batch=global_batch)
-
-
-def best_plan(
-    prof: MemoryProfile,
-    *,
-    n: int,
-    global_batch: int,
-    budget: float | None,
-    step_time: Any = None,
-    bases: Iterable[str] = FAMILIES,
-) -> ExecPlan:
-    """The fastest plan that fits ``budget`` bytes per rank at ``n`` ranks.
-
-    ``step_time(plan, n=, global_batch=)`` predicts seconds per step (default: the performance
-    model's prior, :class:`malleparsl.jpa.plans.PlanPerfModel`). Raises
-    :class:`MemoryBudgetError` naming the smallest peak when no plan fits.
-    """
-    cands = candidate_plans(global_batch, n, bases=bases)
-    if budget is None:
-        return cands[0]
-    ok = [p for p in cands if fits(prof, p, n=n, global_batch=global_batch, budget=budget)]
-    if not ok:
-        least = min(cands, key=lambda p: plan_memory(prof, p, n=n, global_batch=global_batch).peak)
-        need = plan_memory(prof, least, n=n, global_batch=global_batch).peak
-        raise MemoryBudgetError(
-            f"no execution plan fits {budget / 2**20:.1f} MiB per node at {n} node(s): the "
-            f"leanest, {least.name}, needs {need / 2**20:.1f} MiB; give the job more nodes "
-            f"(min_nodes) or more memory per node"
-        )
-    if step_time is None:
-        from malleparsl.jpa.plans import PlanPerfModel
-
-        step_time = PlanPerfModel.default(prof).step_time
-    return min(ok, key=lambda p: (step_time(p, n=n, global_batch=global_batch), p.name))
-
-
-def min_feasible_size(
-    prof: MemoryProfile, *, global_batch: int, budget: float, n_max: int,
-    bases: Iterable[str] = FAMILIES,
-) -> int | None:
-    """The smallest size at which some plan (from ``bases``) fits; None if none up to n_max."""
-    bases = tuple(bases)
-    for n in range(1, n_max + 1):
-        if any(fits(prof, p, n=n, global_batch=global_batch, budget=budget)
-               for p in candidate_plans(global_batch, n, bases=bases)):
-            return n
-    return None
 
 
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:

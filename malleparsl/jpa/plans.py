@@ -205,6 +205,8 @@ class JobPlans:
     >>> jp = JobPlans(PlanOptions(prof, 64, 200 * 2**20))
     >>> jp.choose(1).name, jp.choose(4).name
     ('dp@mb=16', 'dp')
+    >>> JobPlans(PlanOptions(prof, 64, 160 * 2**20)).choose(2).name  # DP does not fit: ZeRO-1
+    'zero1'
     >>> for _ in range(2):  # a measured rate refines the model (the first is a warm-up)
     ...     jp.observe(jp.choose(4), 4, samples_per_s=900.0)
     >>> round(jp.model.rate(ExecPlan(), n=4, global_batch=64))

@@ -19,9 +19,11 @@ minimum size is the smallest size any plan fits (:func:`plan_aware_curve`).
 
 Live, :class:`PlanProfiler` is where that happens, once per controller: the drivers report
 every measured step with the plan that ran, it refits each job's model (:class:`JobPlans`),
-gives the allocator the plan-aware curve and minimum size, and tells the driver which plan to
-run at the size the allocator chose. The simulator builds its curves with the same
-:func:`plan_aware_curve`.
+gives the allocator a plan-aware curve and minimum size, and tells the driver which plan to
+run at the size the allocator chose. Its curve keeps the curve advisor's scaling (learnt per
+size) and takes from the model only the best feasible plan's cost relative to plain DP at each
+size, as the simulator does (:class:`~malleparsl.sim.plans.MeasuredPlusPlanCosts` with
+:func:`plan_aware_curve`): a prior's communication terms must not decide how a job scales.
 """
 
 from __future__ import annotations

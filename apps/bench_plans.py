@@ -114,7 +114,7 @@ def perf_model_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         prof = MemoryProfile.from_dict({k: row[k] for k in ("params", "act_per_sample",
                                                            "act_ckpt_per_sample")})
-        jp = JobPlans(PlanOptions(prof, row["global_batch"]))
+        jp = JobPlans(PlanOptions(prof, row["global_batch"]), warmup_obs=0)  # steady rows
         for r in same:
             jp.observe(parse_plan(r["plan"]), r["n"], samples_per_s=r["samples_per_s"])
         pred = jp.model.rate(parse_plan(row["plan"]), n=row["n"], global_batch=row["global_batch"])

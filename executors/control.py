@@ -36,6 +36,7 @@ from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_
 from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
+from malleparsl.plans import MemoryBudgetError
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -427,9 +428,15 @@ class ControlLoop:
             log.exception("replan failed; keeping the current allocation")
         self.replans += 1
         alloc = self.controller.allocation
-        for job_id, job in self.jobs.items():
+        for job_id, job in list(self.jobs.items()):
             try:
                 job.reconcile(alloc.nodes_of(job_id))
+            except (MemoryBudgetError, SpecError) as exc:  # no plan at this size: never a hang
+                log.error("job %s: cannot run on %d node(s): %s", job_id,
+                          len(alloc.nodes_of(job_id)), exc)
+                job.abort(exc)
+                if job_id in self.controller.jobs:
+                    self.controller.finish(job_id, now_s=now)  # frees its nodes
             except Exception:
                 log.exception("job %s: reconcile failed", job_id)
 

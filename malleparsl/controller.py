@@ -116,6 +116,11 @@ class PlanAdvisor(ABC):
                 now_s: float) -> None:
         """A measured training rate of ``job_id`` running ``plan`` at ``n_nodes``."""
 
+    def dp_equivalent(self, job_id: str, plan: ExecPlan, n_nodes: int,
+                      samples_per_s: float) -> float:
+        """The rate plain data parallelism would have had (what the curve advisor learns)."""
+        return samples_per_s
+
     @abstractmethod
     def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:
         """The curve advisor's views with plan-aware curves and minimum sizes."""
@@ -228,9 +233,11 @@ class Controller:
         """A training-rate measurement from the monitor (live) or the simulator; ``plan`` is
         the execution plan that ran (it goes to the plan advisor as well)."""
         self._job(job_id)
-        self.advisor.observe(job_id, n_nodes, samples_per_s, now_s)
-        if plan is not None and self.plans is not None:
+        rate = samples_per_s
+        if plan is not None and self.plans is not None:  # the advisor learns DP's scaling
             self.plans.observe(job_id, plan, n_nodes, samples_per_s, now_s)
+            rate = self.plans.dp_equivalent(job_id, plan, n_nodes, samples_per_s)
+        self.advisor.observe(job_id, n_nodes, rate, now_s)
 
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         """The execution plan ``job_id`` runs at ``n_nodes`` (None: it has no automatic plans)."""

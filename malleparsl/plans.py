@@ -30,12 +30,11 @@ bytes per sample kept for the backward pass without/with checkpointing)::
 >>> mem = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64)
 >>> round(mem.peak / 2**20)
 237
->>> best_plan(prof, n=1, global_batch=64, budget=200 * 2**20).name
-'dp@mb=16'
->>> min_feasible_size(prof, global_batch=64, budget=160 * 2**20, n_max=8)  # needs ZeRO-1
+>>> PlanOptions(prof, 64, 160 * 2**20).min_nodes(8)  # needs ZeRO-1 over 2 ranks
 2
->>> best_plan(prof, n=2, global_batch=64, budget=160 * 2**20).name
-'zero1'
+
+Which feasible plan is fastest is the performance model's call
+(:meth:`malleparsl.jpa.plans.JobPlans.choose`).
 """
 
 from __future__ import annotations
@@ -198,65 +197,6 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
     return out
 
 
-def fits(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int, budget: float) -> bool:
-    return plan_memory(prof, plan, n=n, global_batch=global_batch).peak <= budget
-
-
-def default_step_time(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: int) -> float:
-    """A relative cost used before any step is measured: recompute costs a third more compute,
-    each micro-batch a fixed overhead, sharding one parameter broadcast."""
-    from malleparsl.jpa.plans import PlanPerfModel  # the fitted model's default parameters
-
-    return PlanPerfModel.default(prof).step_time(plan, n=n, global_batch=global_batch)
-
-
-def best_plan(
-    prof: MemoryProfile,
-    *,
-    n: int,
-    global_batch: int,
-    budget: float | None,
-    step_time: Any = None,
-    bases: Iterable[str] = FAMILIES,
-) -> ExecPlan:
-    """The fastest plan that fits ``budget`` bytes per rank at ``n`` ranks.
-
-    ``step_time(plan, n=, global_batch=)`` predicts seconds per step (default: the performance
-    model's prior, :class:`malleparsl.jpa.plans.PlanPerfModel`). Raises
-    :class:`MemoryBudgetError` naming the smallest peak when no plan fits.
-    """
-    cands = candidate_plans(global_batch, n, bases=bases)
-    if budget is None:
-        return cands[0]
-    ok = [p for p in cands if fits(prof, p, n=n, global_batch=global_batch, budget=budget)]
-    if not ok:
-        least = min(cands, key=lambda p: plan_memory(prof, p, n=n, global_batch=global_batch).peak)
-        need = plan_memory(prof, least, n=n, global_batch=global_batch).peak
-        raise MemoryBudgetError(
-            f"no execution plan fits {budget / 2**20:.1f} MiB per node at {n} node(s): the "
-            f"leanest, {least.name}, needs {need / 2**20:.1f} MiB; give the job more nodes "
-            f"(min_nodes) or more memory per node"
-        )
-    if step_time is None:
-        from malleparsl.jpa.plans import PlanPerfModel
-
-        step_time = PlanPerfModel.default(prof).step_time
-    return min(ok, key=lambda p: (step_time(p, n=n, global_batch=global_batch), p.name))
-
-
-def min_feasible_size(
-    prof: MemoryProfile, *, global_batch: int, budget: float, n_max: int,
-    bases: Iterable[str] = FAMILIES,
-) -> int | None:
-    """The smallest size at which some plan (from ``bases``) fits; None if none up to n_max."""
-    bases = tuple(bases)
-    for n in range(1, n_max + 1):
-        if any(fits(prof, p, n=n, global_batch=global_batch, budget=budget)
-               for p in candidate_plans(global_batch, n, bases=bases)):
-            return n
-    return None
-
-
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
     return replace(plan, micro_batch=micro_batch)
 
@@ -305,8 +245,18 @@ class PlanOptions:
         return next((n for n in range(1, n_max + 1) if self.feasible(n)), None)
 
     def leanest_need(self, nodes: int) -> tuple[ExecPlan, float]:
-        """The allowed plan needing the least memory per node at ``nodes``, and that need."""
+        """The allowed plan needing the least memory per node at ``nodes``, and that need.
+
+        Raises :class:`MemoryBudgetError` when the allowed families have no plan at all at
+        this size (ZeRO-1 on one rank; ``accum`` once the local batch is 1 sample)."""
         cands = candidate_plans(self.global_batch, self.ranks(nodes), bases=self.bases)
+        if not cands:
+            raise MemoryBudgetError(
+                f"no plan among {list(self.bases)} can run at {nodes} node(s) of "
+                f"{self.ranks_per_node} rank(s) with global_batch={self.global_batch} (zero1 "
+                "needs 2 ranks or more, accum a local batch of 2 samples or more); allow more "
+                "plans (plans=[...]) or change min_nodes/max_nodes"
+            )
         best = min(cands, key=lambda p: self.node_peak(p, nodes))
         return best, self.node_peak(best, nodes)
 
@@ -337,13 +287,14 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
     """The job's minimum size raised to the smallest size some allowed plan fits."""
     got = options if isinstance(options, PlanOptions) or options is None else plan_options(
         options, ranks_per_node=ranks_per_node)
-    if got is None or got.budget is None:
+    if got is None:
         return min_nodes
     n = got.min_nodes(max_nodes)
     if n is None:
-        _, least = got.leanest_need(max_nodes)
+        _, least = got.leanest_need(max_nodes)  # raises when no plan runs there at all
+        budget = got.budget or 0.0
         raise MemoryBudgetError(
-            f"no plan among {list(got.bases)} fits {got.budget / 2**20:.1f} MiB per node even at "
+            f"no plan among {list(got.bases)} fits {budget / 2**20:.1f} MiB per node even at "
             f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
             f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
             "(plans=[...]) or run on nodes with more memory"

@@ -19,9 +19,11 @@ minimum size is the smallest size any plan fits (:func:`plan_aware_curve`).
 
 Live, :class:`PlanProfiler` is where that happens, once per controller: the drivers report
 every measured step with the plan that ran, it refits each job's model (:class:`JobPlans`),
-gives the allocator the plan-aware curve and minimum size, and tells the driver which plan to
-run at the size the allocator chose. The simulator builds its curves with the same
-:func:`plan_aware_curve`.
+gives the allocator a plan-aware curve and minimum size, and tells the driver which plan to
+run at the size the allocator chose. Its curve keeps the curve advisor's scaling (learnt per
+size) and takes from the model only the best feasible plan's cost relative to plain DP at each
+size, as the simulator does (:class:`~malleparsl.sim.plans.MeasuredPlusPlanCosts` with
+:func:`plan_aware_curve`): a prior's communication terms must not decide how a job scales.
 """
 
 from __future__ import annotations
@@ -205,21 +207,25 @@ class JobPlans:
     >>> jp = JobPlans(PlanOptions(prof, 64, 200 * 2**20))
     >>> jp.choose(1).name, jp.choose(4).name
     ('dp@mb=16', 'dp')
-    >>> jp.observe(jp.choose(4), 4, samples_per_s=900.0)   # a measured rate refines the model
+    >>> JobPlans(PlanOptions(prof, 64, 160 * 2**20)).choose(2).name  # DP does not fit: ZeRO-1
+    'zero1'
+    >>> for _ in range(2):  # a measured rate refines the model (the first is a warm-up)
+    ...     jp.observe(jp.choose(4), 4, samples_per_s=900.0)
     >>> round(jp.model.rate(ExecPlan(), n=4, global_batch=64))
     900
     """
 
     def __init__(self, opts: PlanOptions, *, prior: PlanPerfModel | None = None,
-                 calibrated: bool = False, window: int = 64, prior_weight: float = 0.3) -> None:
+                 window: int = 64, prior_weight: float = 0.3, warmup_obs: int = 1) -> None:
         self.opts = opts
         self.prior = prior or PlanPerfModel.default(opts.profile)
-        self.calibrated = calibrated
-        self.window, self.prior_weight = window, prior_weight
+        self.window, self.prior_weight, self.warmup_obs = window, prior_weight, warmup_obs
         self.readings: list[StepReading] = []
         self.model = self.prior
         self.version = 0
         self._cache: dict[int, tuple[int, PlanCurve]] = {}
+        self._last: tuple[ExecPlan, int] | None = None
+        self._skip = 0
 
     @classmethod
     def for_spec(cls, spec: JobSpec, opts: PlanOptions) -> JobPlans:
@@ -229,20 +235,38 @@ class JobPlans:
             return cls(opts, prior=prior)
         t = prior.step_time(ExecPlan(), n=opts.ranks(1), global_batch=opts.global_batch)
         want = opts.global_batch / spec.curve.rate(1)
-        return cls(opts, prior=prior.scaled(**dict.fromkeys(TERMS, want / t)), calibrated=True)
+        return cls(opts, prior=prior.scaled(**dict.fromkeys(TERMS, want / t)))
 
     def observe(self, plan: ExecPlan, nodes: int, *, samples_per_s: float) -> None:
+        """One measured rate of ``plan`` at ``nodes``; the first ``warmup_obs`` readings after
+        the plan or the size changed are dropped (start-up steps are slow, as in the JPA's
+        :class:`~malleparsl.jpa.knowledge.JobRecord`)."""
         if not (samples_per_s > 0 and math.isfinite(samples_per_s)):
+            return
+        if self._last != (plan, nodes):
+            self._last, self._skip = (plan, nodes), self.warmup_obs
+        if self._skip > 0:
+            self._skip -= 1
             return
         gb, n = self.opts.global_batch, self.opts.ranks(nodes)
         reading = StepReading(plan, n, gb, gb / samples_per_s)
         if not self.readings:  # scale the prior to the first measured step
             f = reading.step_s / self.prior.step_time(plan, n=n, global_batch=gb)
             self.prior = self.prior.scaled(**dict.fromkeys(TERMS, f))
-            self.calibrated = True
         self.readings = [*self.readings, reading][-self.window:]
         self.model = fit_perf(self.readings, self.prior, prior_weight=self.prior_weight)
         self.version += 1
+
+    def plan_cost(self, nodes: int) -> float | None:
+        """Step time of the best feasible plan at ``nodes`` over plain data parallelism's
+        (>= 1 where DP fits; None where no plan fits): the factor a plan-free curve's rate is
+        divided by to become plan-aware (what the simulator's ``MeasuredPlusPlanCosts`` adds)."""
+        got = best_feasible(self.model, self.opts, nodes)
+        if got is None:
+            return None
+        dp = self.model.step_time(ExecPlan(), n=self.opts.ranks(nodes),
+                                  global_batch=self.opts.global_batch)
+        return got[1] / dp
 
     def curve(self, n_max: int, *, name: str = "") -> PlanCurve:
         """The plan-aware curve up to ``n_max`` nodes (cached until the next reading)."""
@@ -298,15 +322,41 @@ class PlanProfiler(PlanAdvisor):
         if jp is not None:
             jp.observe(plan, n_nodes, samples_per_s=samples_per_s)
 
+    def dp_equivalent(self, job_id: str, plan: ExecPlan, n_nodes: int,
+                      samples_per_s: float) -> float:
+        """The rate plain data parallelism would have had at ``n_nodes`` (the curve advisor
+        learns that, so :meth:`adjust` does not count a plan's penalty twice)."""
+        jp = self.jobs.get(job_id)
+        if jp is None:
+            return samples_per_s
+        n, gb = jp.opts.ranks(n_nodes), jp.opts.global_batch
+        ratio = jp.model.step_time(plan, n=n, global_batch=gb) / jp.model.step_time(
+            ExecPlan(), n=n, global_batch=gb)
+        return samples_per_s * ratio if ratio > 0 and math.isfinite(ratio) else samples_per_s
+
     def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:
+        """Keep the curve advisor's scaling (it learns the job per size); divide its rate at
+        each size by the best feasible plan's cost over plain DP there (the model's only job:
+        plan penalties, as in the simulator), zero where no plan fits; the minimum size is the
+        smallest any plan fits, the maximum the largest up to the cluster's size."""
         out = []
         for v in views:
             jp = self.jobs.get(v.job_id)
-            pc = jp.curve(v.spec.max_nodes, name=v.job_id) if jp is not None else None
-            if pc is None or pc.curve is None or pc.min_nodes is None or pc.min_nodes > v.hi:
+            if jp is None or v.curve is None:
                 out.append(v)
                 continue
-            out.append(dataclasses.replace(v, curve=pc.curve, min_nodes=max(v.lo, pc.min_nodes)))
+            n_max = max(1, min(v.spec.max_nodes, len(snapshot.nodes)))
+            costs = [jp.plan_cost(n) for n in range(1, n_max + 1)]
+            ok = [n for n, c in enumerate(costs, 1) if c is not None]
+            if not ok or ok[0] > v.hi:
+                out.append(v)
+                continue
+            rates = tuple(0.0 if c is None else v.curve.rate(n) / c
+                          for n, c in enumerate(costs, 1))
+            curve = ScalingCurve(tuple(range(1, n_max + 1)), rates, name=v.job_id)
+            lo = max(v.lo, ok[0])
+            hi = v.hi if ok[-1] == n_max else max(lo, min(v.hi, ok[-1]))  # no plan above
+            out.append(dataclasses.replace(v, curve=curve, min_nodes=lo, max_nodes=hi))
         return out
 
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:

@@ -4,7 +4,7 @@ Jobs may carry a memory profile (``JobSpec.meta["memory_profile"]``). :func:`pla
 gives a job set two ways:
 
 * **DP-only**: every job runs plain data parallelism; its minimum size is the smallest size at
-  which that fits the node's memory (``min_feasible_size(..., bases=["dp"])``), its curve the
+  which that fits the node's memory (``PlanOptions(..., bases=("dp",)).min_nodes``), its curve the
   job set's measured data-parallel curve;
 * **plan-aware**: its minimum size is the smallest size at which *any* plan fits, and its
   curve at every size is the best feasible plan's rate, built by the live system's
@@ -32,7 +32,7 @@ import numpy as np
 from malleparsl.errors import SpecError
 from malleparsl.jpa.plans import plan_aware_curve
 from malleparsl.model import JobSpec, ScalingCurve
-from malleparsl.plans import ExecPlan, MemoryProfile, local_batch, min_feasible_size
+from malleparsl.plans import ExecPlan, MemoryProfile, PlanOptions, local_batch
 from malleparsl.sim.result import SimResult
 
 SUMMIT_GPU_BYTES = 16 * 2**30
@@ -114,8 +114,7 @@ def plan_jobsets(
             continue
         prof = large_profile(rng, global_batch=global_batch, budget=budget, dp_nodes=dp_nodes)
         meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": global_batch}
-        n_dp = min_feasible_size(prof, global_batch=global_batch, budget=budget,
-                                 n_max=spec.max_nodes, bases=["dp"])
+        n_dp = PlanOptions(prof, global_batch, budget, ("dp",)).min_nodes(spec.max_nodes)
         if n_dp is None:
             raise SpecError(f"job {spec.job_id!r}: data parallelism never fits; lower dp_nodes")
         dp_only.append(dataclasses.replace(spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta))

@@ -40,6 +40,8 @@ class Recording(AllocationPolicy):
         self.inner = make_policy("milp")
         self.profiler = None
         self.seen: list[tuple] = []  # (view, nodes given, PlanCurve, plans read)
+        self.costs: list[dict] = []  # per view: size -> the best plan's step time over DP's
+        self.named: set = set()  # (size given, the plan the profiler names for it)
 
     def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
         out = self.inner.allocate(snapshot, jobs)
@@ -48,6 +50,9 @@ class Recording(AllocationPolicy):
             if jp is not None:
                 self.seen.append((v, out.size(v.job_id), jp.curve(v.spec.max_nodes, name=v.job_id),
                                   {r.plan.name for r in jp.readings}))
+                self.costs.append({n: jp.plan_cost(n) for n in range(1, v.curve.nodes[-1] + 1)})
+                if out.size(v.job_id):  # what the driver launches with after this replan
+                    self.named.add((out.size(v.job_id), jp.choose(out.size(v.job_id)).name))
         return out
 
 
@@ -106,11 +111,15 @@ def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
         parsl.clear()
     plans = [(size, plan) for _, size, plan, _ in job.plan_log]
     assert [(size, plan) for _, size, plan, _ in seen] == plans
-    # the allocator planned with the profiler's plan-aware curve and memory-model minimum size
+    # the allocator planned with the profiler's plan-aware curve (the advisor's, here the given
+    # one, over the best feasible plan's cost relative to DP) and memory-model minimum size
     assert policy.seen
-    for view, _, pc, _ in policy.seen:
-        assert view.curve is pc.curve and view.lo == pc.min_nodes == 1
+    for (view, _, pc, _), costs in zip(policy.seen, policy.costs, strict=True):
+        assert view.lo == pc.min_nodes == 1
         assert pc.plans[1].name != "dp" and pc.curve.rate(1) > 0  # a lean plan fits one node
+        for n, cost in costs.items():
+            assert view.curve.rate(n) == pytest.approx(view.spec.curve.rate(n) / cost)
+        assert costs[1] > 1.0  # the lean plan is slower than DP would be
     first = policy.seen[0][2]
     assert (first.plans[1].name, first.plans[3].name) == ("dp@mb=24", "dp")
     assert first.curve.rate(3) > first.curve.rate(1)
@@ -121,6 +130,7 @@ def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
     opts = PlanOptions(PROFILE, 48, 64 * MIB)
     for size, plan in plans:
         assert size in given and parse_plan(plan) in opts.feasible(size), (size, plan, given)
+        assert (size, parse_plan(plan).name) in policy.named, (size, plan, policy.named)
     assert parse_plan("dp") not in opts.feasible(1)
     assert changes["planned"].startswith("dp@mb=24 x1 (0 s) -> ") and " dp x3 (" in changes["planned"]
     assert plans[0] == (1, "dp@mb=24")

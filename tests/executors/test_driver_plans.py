@@ -87,3 +87,24 @@ def test_a_size_no_plan_fits_leaves_the_job_waiting_with_a_clear_error(tmp_path)
     with pytest.raises(MemoryBudgetError, match="no execution plan fits 0.1 MiB per node at 1"):
         job.reconcile(frozenset({"a"}))
     assert job.state is JobState.WAITING and job.segment is None and not ex.infos
+
+
+def test_the_control_loop_fails_a_job_no_plan_fits_instead_of_leaving_it_waiting(tmp_path) -> None:
+    """Never a hang: a size with no valid plan (here the driver's own prior: the profiler does
+    not know the job) fails the user's future with the clear error and frees the job's nodes."""
+    import pytest
+
+    from malleparsl.executors.control import ControlLoop
+    from malleparsl.plans import MemoryBudgetError
+
+    job, ex, _ = make(tmp_path, options={**OPTS, "node_memory_bytes": 0.1 * MIB})
+    loop = ControlLoop(executor=ex, policy="milp", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    assert job.future.done() and job.segment is None  # never launched
+    with pytest.raises(MemoryBudgetError, match="no execution plan fits 0.1 MiB per node"):
+        job.future.result(timeout=0)
+    assert not loop.controller.allocation.nodes_of("p")  # its nodes are free again
+    loop._replan()  # and nothing is retried
+    assert job.segment is None and job.resolutions == 1

@@ -183,8 +183,8 @@ class JobRecord:
         if own is not None:  # the own sizes are what the job really measured
             est = CurveEstimate(est.mean, est.sigma, tuple(self.measured_sizes), est.fits,
                                 est.weights, est.model_sigma)
-            if self.robust:
-                est = ground_truth(est, pts, own, noise_rel=noise)
+        if self.robust:  # own readings and a prior's points alike win over a fit that misses
+            est = ground_truth(est, pts, own, noise_rel=noise)
         self._cache = (key, est)
         return est
 

@@ -79,3 +79,60 @@ def test_a_priors_points_count_in_the_misfit_check():
     est = ground_truth(estimate(pts, n_max=16, noise_rel=0.03), pts, None, noise_rel=0.03)
     assert est.model_free
     assert est.rate(2) == pytest.approx(60.0)
+
+
+# ---- jobs queued before their model was measured ---------------------------------------
+def _ctl(n_nodes=8):
+    from malleparsl.controller import Controller
+    from malleparsl.jpa import ProbeFirst
+
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
+    ctl.add_nodes([f"n{i:02d}" for i in range(n_nodes)], now_s=0)
+    return jpa, ctl
+
+
+def test_jobs_of_one_model_queued_together_are_probed_once():
+    """Three jobs of one model registered before any was measured: once the first has a stable
+    rate, the others take its points as their prior and are not probed themselves."""
+    jpa, ctl = _ctl()
+    for j in ("a", "b", "c"):
+        ctl.submit(JobSpec(j, max_nodes=8, model="bert", total_samples=1e12), now_s=0)
+    ctl.submit(JobSpec("x", max_nodes=8, model="other", total_samples=1e12), now_s=0)
+    ctl.replan(now_s=0)
+    first = next(iter(jpa.probe_requests()))
+    assert first == "a" and all(jpa.records[j].prior is None for j in "abc")
+    for t in (10.0, 310.0):
+        ctl.observe("a", n_nodes=ctl.allocation.size("a"), samples_per_s=100.0, now_s=t)
+    ctl.replan(now_s=320.0)
+    for j in ("b", "c"):
+        rec = jpa.records[j]
+        assert rec.prior is not None and jpa.predictable(rec) and rec.probe is None
+        assert rec.estimate(8, default_noise=0.03).rate(1) == pytest.approx(100.0, rel=0.05)
+    assert jpa.records["x"].prior is None  # another model learns nothing from "bert"
+    assert "b" not in jpa.probe_requests() and "c" not in jpa.probe_requests()
+
+
+def test_a_better_explored_prior_replaces_a_thinner_one_but_never_a_users_curve():
+    jpa, ctl = _ctl()
+    user = ScalingCurve((1, 2, 4, 8), (10.0, 19.0, 36.0, 60.0))
+    ctl.submit(JobSpec("a", max_nodes=8, model="m", total_samples=1e12), now_s=0)
+    ctl.submit(JobSpec("b", max_nodes=8, model="m", total_samples=1e12), now_s=0)
+    ctl.submit(JobSpec("u", max_nodes=8, model="m", curve=user, total_samples=1e12), now_s=0)
+    ctl.replan(now_s=0)
+    rec_a = jpa.records["a"]
+    t = 10.0
+    for n, r in ((1, 100.0), (2, 180.0)):
+        for _ in range(2):
+            rec_a.add_rate(n, r, t)
+            t += 300.0
+    ctl.replan(now_s=t)
+    b = jpa.records["b"]
+    assert b.prior is not None and set(b.prior.measured) >= {1, 2}
+    for _ in range(2):
+        rec_a.add_rate(4, 320.0, t)
+        t += 300.0
+    ctl.replan(now_s=t)
+    assert set(b.prior.measured) >= {1, 2, 4}
+    assert jpa.records["u"].prior_is_user
+    np.testing.assert_allclose(jpa.records["u"].prior.mean[[1, 2, 4, 8]], user.rates)

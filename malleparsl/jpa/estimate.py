@@ -183,7 +183,7 @@ def misfit_sizes(est: CurveEstimate, own: Samples, *, noise_rel: float) -> list[
     return bad
 
 
-ANCHOR_SIGMAS = 2.0
+ANCHOR_SIGMAS = 3.0
 """A fitted mean that agrees with every point but misses one by more than this many standard
 errors is corrected there (:func:`anchor`); within it the fit, which pools the readings, stands."""
 
@@ -235,7 +235,8 @@ def anchor(est: CurveEstimate, pts: Samples, *, noise_rel: float,
 
 
 def ground_truth(
-    est: CurveEstimate, pts: Samples, own: Samples | None, *, noise_rel: float
+    est: CurveEstimate, pts: Samples, own: Samples | None, *, noise_rel: float,
+    check: Samples | None = None,
 ) -> CurveEstimate:
     """Measured points win over the fitted structures when they disagree.
 
@@ -247,14 +248,18 @@ def ground_truth(
     hide there), and grows by :data:`BEYOND_SIGMA` of the last rate per doubling past the
     largest measured size (the mean stays flat there: growth nobody measured is not assumed).
     Otherwise the fit stands, corrected only where a point disagrees beyond its noise
-    (:func:`anchor`). ``own`` is kept for callers; every point in ``pts`` is checked, so a
-    user's curve or a prior measured at many sizes is not smoothed away by a structure that
-    cannot describe it (measured on the zoo: such fits missed true curves by up to 51 %).
+    (:func:`anchor`). The points checked are ``check``, by default every point in ``pts``
+    (``own`` is not used), so a user's curve or a prior measured at many sizes is not smoothed
+    away by a structure that cannot describe it (measured on the zoo: such fits missed true
+    curves by up to 51 %). A job with readings of its own checks only those against a model's
+    prior (:meth:`~malleparsl.jpa.knowledge.JobRecord.estimate`): a prior of another batch size
+    may disagree with them without any structure failing the job.
     """
-    if not len(pts):
+    check = pts if check is None else check
+    if not len(pts) or not len(check):
         return est
-    if not misfit_sizes(est, pts, noise_rel=noise_rel):
-        return anchor(est, pts, noise_rel=noise_rel)
+    if not misfit_sizes(est, check, noise_rel=noise_rel):
+        return anchor(est, check, noise_rel=noise_rel)
     sig = max(noise_rel, MIN_NOISE)
     sizes, rates, counts = _point_means(pts)
     se = rates * sig / np.sqrt(np.maximum(counts, 0.25))

@@ -89,6 +89,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         explore_min_s: float = 300.0,
         shape_prior: bool = False,
         gain_tol: float = 0.02,
+        adopt_priors: bool = False,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -120,6 +121,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         if not (math.isfinite(gain_tol) and 0 <= gain_tol < 1):
             raise SpecError(f"gain_tol must be a number in [0, 1), got {gain_tol!r}")
         self.gain_tol = gain_tol
+        # jobs queued before their model was measured take its prior later (opt-in: see docs)
+        self.adopt_priors = adopt_priors
         # other models' measured shapes: where a sparsely measured job should go next
         self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
         self.records: dict[str, JobRecord] = {}
@@ -218,7 +221,7 @@ class JobProfilingAdvisor(CurveAdvisor):
                 self.register(js.spec, now)
             recs.append(self.records[js.spec.job_id])
             self._offer_shape(recs[-1])
-        if self.share_priors:
+        if self.share_priors and self.adopt_priors:
             for rec in recs:
                 self._adopt_prior(rec)
         self._update_probes(now, recs, allocation, len(snapshot.nodes))

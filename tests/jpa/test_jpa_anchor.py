@@ -86,7 +86,7 @@ def _ctl(n_nodes=8):
     from malleparsl.controller import Controller
     from malleparsl.jpa import ProbeFirst
 
-    jpa = JobProfilingAdvisor(warmup_obs=0)
+    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=True)
     ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
     ctl.add_nodes([f"n{i:02d}" for i in range(n_nodes)], now_s=0)
     return jpa, ctl
@@ -111,6 +111,22 @@ def test_jobs_of_one_model_queued_together_are_probed_once():
         assert rec.estimate(8, default_noise=0.03).rate(1) == pytest.approx(100.0, rel=0.05)
     assert jpa.records["x"].prior is None  # another model learns nothing from "bert"
     assert "b" not in jpa.probe_requests() and "c" not in jpa.probe_requests()
+
+
+def test_without_adopt_priors_queued_jobs_are_probed_on_their_own():
+    from malleparsl.controller import Controller
+    from malleparsl.jpa import ProbeFirst
+
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
+    ctl.add_nodes([f"n{i:02d}" for i in range(8)], now_s=0)
+    for j in ("a", "b"):
+        ctl.submit(JobSpec(j, max_nodes=8, model="bert", total_samples=1e12), now_s=0)
+    ctl.replan(now_s=0)
+    for t in (10.0, 310.0):
+        ctl.observe("a", n_nodes=ctl.allocation.size("a"), samples_per_s=100.0, now_s=t)
+    ctl.replan(now_s=320.0)
+    assert jpa.records["b"].prior is None
 
 
 def test_a_better_explored_prior_replaces_a_thinner_one_but_never_a_users_curve():

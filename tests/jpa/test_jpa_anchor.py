@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from malleparsl.jpa.advisor import JobProfilingAdvisor
-from malleparsl.jpa.estimate import ANCHOR_SIGMAS, anchor, estimate, ground_truth
+from malleparsl.jpa.estimate import MISFIT_SIGMAS, estimate, ground_truth
 from malleparsl.jpa.models import Samples
 from malleparsl.jpa.zoo import zoo_jobs
 from malleparsl.model import JobSpec, ScalingCurve
@@ -23,24 +23,28 @@ def _fit(p: float, n_max: int = 32):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=st.floats(0.5, 0.999), eps=st.lists(st.floats(-0.99, 0.99), min_size=5, max_size=5))
-def test_readings_within_their_noise_do_not_bend_the_fit(p, eps):
-    """Readings that agree with the fit within z standard errors leave it as it is."""
+@given(p=st.floats(0.5, 0.999), eps=st.lists(st.floats(-0.99, 0.99), min_size=5, max_size=5),
+       prior=st.booleans())
+def test_readings_within_their_noise_do_not_bend_the_fit(p, eps, prior):
+    """Points that agree with the fit within 3 standard errors leave it as it is, whether they
+    are the job's readings or (with none) a prior's points."""
     _, est = _fit(p)
     se = 0.03 / np.sqrt(2)
-    rates = [est.rate(k) * (1 + e * ANCHOR_SIGMAS * se) for k, e in zip(SIZES, eps)]
+    rates = [est.rate(k) * (1 + e * MISFIT_SIGMAS * se) for k, e in zip(SIZES, eps)]
     pts = Samples.of(SIZES, rates, [2] * len(SIZES))
-    assert anchor(est, pts, noise_rel=0.03) is est
+    assert ground_truth(est, pts, None if prior else pts, noise_rel=0.03) is est
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=st.floats(0.5, 0.999), at=st.sampled_from(SIZES), off=st.floats(0.07, 0.3),
        sign=st.sampled_from([-1.0, 1.0]))
 def test_a_point_beyond_its_noise_is_planned_as_measured(p, at, off, sign):
-    """A point the fit misses by more than its noise is ground truth; the others keep the fit."""
+    """A point the fit misses by more than its noise is ground truth (model-free)."""
     _, est = _fit(p)
     rates = [est.rate(k) * (1 + sign * off if k == at else 1.0) for k in SIZES]
-    got = anchor(est, Samples.of(SIZES, rates, [2] * len(SIZES)), noise_rel=0.03)
+    pts = Samples.of(SIZES, rates, [2] * len(SIZES))
+    got = ground_truth(est, pts, pts, noise_rel=0.03)
+    assert got.model_free
     for k, r in zip(SIZES, rates):
         assert got.rate(k) == pytest.approx(r, rel=1e-9)
     assert got.rel_sigma(at) <= 0.03  # known to its standard error there
@@ -69,7 +73,7 @@ def test_zoo_curves_given_as_user_curves_keep_their_best_size():
         rec = jpa.records[job.job_id]
         est = rec.estimate(job.max_nodes, default_noise=jpa.default_noise)
         truth = np.array([job.curve.rate(k) for k in range(1, job.max_nodes + 1)])
-        np.testing.assert_allclose(est.mean[1:], truth, rtol=ANCHOR_SIGMAS * 0.025)
+        np.testing.assert_allclose(est.mean[1:], truth, rtol=MISFIT_SIGMAS * 0.025)
         assert truth[int(np.argmax(est.mean[1:]))] >= 0.98 * truth.max()
 
 

@@ -30,7 +30,8 @@ def test_readings_within_their_noise_do_not_bend_the_fit(p, eps, prior):
     are the job's readings or (with none) a prior's points."""
     _, est = _fit(p)
     se = 0.03 / np.sqrt(2)
-    rates = [est.rate(k) * (1 + e * MISFIT_SIGMAS * se) for k, e in zip(SIZES, eps)]
+    # the misfit rule measures the fit relative to the reading: fit / reading - 1
+    rates = [est.rate(k) / (1 + e * MISFIT_SIGMAS * se) for k, e in zip(SIZES, eps)]
     pts = Samples.of(SIZES, rates, [2] * len(SIZES))
     assert ground_truth(est, pts, None if prior else pts, noise_rel=0.03) is est
 

@@ -183,8 +183,10 @@ class JobRecord:
         if own is not None:  # the own sizes are what the job really measured
             est = CurveEstimate(est.mean, est.sigma, tuple(self.measured_sizes), est.fits,
                                 est.weights, est.model_sigma)
-            if self.robust:
-                est = ground_truth(est, pts, own, noise_rel=noise)
+        if self.robust:  # measured points win over a fit that misses them: the job's own
+            # readings; with none yet, or against a user's curve, the prior's points too
+            check = pts if own is None or self.prior_is_user else own
+            est = ground_truth(est, pts, own, noise_rel=noise, check=check)
         self._cache = (key, est)
         return est
 

@@ -277,4 +277,6 @@ def test_learning_loop_finds_a_good_size_for_any_shape(truth, noise, seed):
     assert got >= 0.85 * best, (sizes, got, best)
     est = jpa.records["a"].estimate(16, default_noise=0.03)
     err = [abs(est.rate(k) / truth.rate(k) - 1) for k in set(sizes)]
-    assert float(np.mean(err)) <= 0.10, err
+    # sizes visited once carry one reading: their error scales with the noise (a fixed 10 %
+    # failed at 9.4 % noise on main too, e.g. _peaked(10, 7.5, 16), seed 125)
+    assert float(np.mean(err)) <= 0.05 + noise, err

@@ -420,25 +420,39 @@ class ControlLoop:
             self._releases[e.node] = now + self.release_grace_s
 
     def _replan(self) -> None:
+        while self._replan_once():  # a job failed for good: its nodes go to the others now
+            pass
+
+    def _replan_once(self) -> bool:
+        """Replan and reconcile every job; True if a job was failed and its nodes freed."""
         self._observed, self._last_replan = False, time.monotonic()
         now = self.clock()
+        planned = True
         try:
             self.controller.replan(now_s=now)
         except Exception:
+            planned = False
             log.exception("replan failed; keeping the current allocation")
         self.replans += 1
         alloc = self.controller.allocation
+        freed = False
         for job_id, job in list(self.jobs.items()):
             try:
                 job.reconcile(alloc.nodes_of(job_id))
             except (MemoryBudgetError, SpecError) as exc:  # no plan at this size: never a hang
-                log.error("job %s: cannot run on %d node(s): %s", job_id,
-                          len(alloc.nodes_of(job_id)), exc)
+                n = len(alloc.nodes_of(job_id))
+                if not planned:  # the kept allocation may be stale: wait for a replan
+                    log.warning("job %s: cannot run on %d node(s) of the kept allocation: %s",
+                                job_id, n, exc)
+                    continue
+                log.error("job %s: cannot run on %d node(s): %s", job_id, n, exc)
                 job.abort(exc)
                 if job_id in self.controller.jobs:
                     self.controller.finish(job_id, now_s=now)  # frees its nodes
+                    freed = True
             except Exception:
                 log.exception("job %s: reconcile failed", job_id)
+        return freed
 
     def _abort_all(self, why: str) -> None:
         for job in list(self.jobs.values()):

@@ -108,3 +108,40 @@ def test_the_control_loop_fails_a_job_no_plan_fits_instead_of_leaving_it_waiting
     assert not loop.controller.allocation.nodes_of("p")  # its nodes are free again
     loop._replan()  # and nothing is retried
     assert job.segment is None and job.resolutions == 1
+
+
+def test_nodes_of_a_job_failed_for_want_of_a_plan_go_to_the_others_at_once(tmp_path) -> None:
+    """The replan that fails a job runs again, so its nodes do not idle until the next event."""
+    from malleparsl.executors.control import ControlLoop
+
+    job, ex, store = make(tmp_path, options={**OPTS, "node_memory_bytes": 0.1 * MIB})
+    plain = MalleableJob(spec=JobSpec("q", max_nodes=4), entry=print, options={"job_id": "q"},
+                         executor=ex, store=store, store_host="h", store_port=1,
+                         ckpt_dir=str(tmp_path / "ckq"), post=lambda ev: None, clock=lambda: 5.0)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b", "c", "d"], now_s=0)
+    loop._handle(("submit", job))
+    loop._handle(("submit", plain))
+    loop._replan()
+    assert job.future.done()  # failed: no plan fits
+    assert len(loop.controller.allocation.nodes_of("q")) == 4  # in the same pass
+    assert loop.replans == 2
+
+
+def test_a_failed_replan_does_not_fail_a_job_on_the_kept_allocation(tmp_path, monkeypatch) -> None:
+    """After a replan error the kept allocation may be stale: the job waits for the next one."""
+    from malleparsl.executors.control import ControlLoop
+
+    job, ex, _ = make(tmp_path, options={**OPTS, "node_memory_bytes": 0.1 * MIB})
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b"], now_s=0)
+    loop._handle(("submit", job))
+    loop.controller.replan(now_s=1.0)
+    assert loop.controller.allocation.nodes_of("p")  # the kept allocation gives it nodes
+
+    def broken(**_kw):  # noqa: ANN003, ANN202
+        raise RuntimeError("solver crashed")
+
+    monkeypatch.setattr(loop.controller, "replan", broken)
+    loop._replan()
+    assert not job.future.done() and job.segment is None

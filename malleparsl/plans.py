@@ -299,4 +299,12 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
             f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
             "(plans=[...]) or run on nodes with more memory"
         )
-    return max(min_nodes, n)
+    lo = max(min_nodes, n)
+    if not any(got.feasible(k) for k in range(lo, max_nodes + 1)):
+        top = max(k for k in range(1, max_nodes + 1) if got.feasible(k))
+        raise MemoryBudgetError(
+            f"no plan among {list(got.bases)} runs at any size from {lo} to max_nodes="
+            f"{max_nodes} node(s): they run at {n}..{top} (with global_batch="
+            f"{got.global_batch}); lower min_nodes, raise global_batch or allow more plans"
+        )
+    return lo

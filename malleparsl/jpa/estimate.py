@@ -192,8 +192,7 @@ def _point_means(pts: Samples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def ground_truth(
-    est: CurveEstimate, pts: Samples, own: Samples | None, *, noise_rel: float,
-    check: Samples | None = None,
+    est: CurveEstimate, pts: Samples, *, noise_rel: float, check: Samples | None = None,
 ) -> CurveEstimate:
     """Measured points win over the fitted structures when they disagree.
 
@@ -207,8 +206,7 @@ def ground_truth(
     Otherwise the fit stands: it pools every reading, so a reading within its noise does not
     bend the curve (a correction at points missed by 3 standard errors but less than 4 % was
     tried and cost 1.7 points on an ImageNet run). The points checked are ``check``, by default
-    every point in ``pts``
-    (``own`` is not used), so a user's curve or a prior measured at many sizes is not smoothed
+    every point in ``pts``, so a user's curve or a prior measured at many sizes is not smoothed
     away by a structure that cannot describe it (measured on the zoo: such fits missed true
     curves by up to 51 %). A job with readings of its own checks only those against a model's
     prior (:meth:`~malleparsl.jpa.knowledge.JobRecord.estimate`): a prior of another batch size

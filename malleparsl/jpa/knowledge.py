@@ -186,7 +186,7 @@ class JobRecord:
         if self.robust:  # measured points win over a fit that misses them: the job's own
             # readings; with none yet, or against a user's curve, the prior's points too
             check = pts if own is None or self.prior_is_user else own
-            est = ground_truth(est, pts, own, noise_rel=noise, check=check)
+            est = ground_truth(est, pts, noise_rel=noise, check=check)
         self._cache = (key, est)
         return est
 

@@ -224,6 +224,7 @@ class JobPlans:
         self.model = self.prior
         self.version = 0
         self._cache: dict[int, tuple[int, PlanCurve]] = {}
+        self._costs: dict[int, tuple[int, list[float | None]]] = {}
         self._last: tuple[ExecPlan, int] | None = None
         self._skip = 0
 
@@ -257,10 +258,21 @@ class JobPlans:
         self.model = fit_perf(self.readings, self.prior, prior_weight=self.prior_weight)
         self.version += 1
 
+    def plan_costs(self, n_max: int) -> list[float | None]:
+        """:meth:`plan_cost` at 1..``n_max`` nodes (cached until the next reading: the
+        controller asks at every replan, and each size weighs every candidate plan)."""
+        hit = self._costs.get(n_max)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        costs = [self.plan_cost(n) for n in range(1, n_max + 1)]
+        self._costs[n_max] = (self.version, costs)
+        return costs
+
     def plan_cost(self, nodes: int) -> float | None:
         """Step time of the best feasible plan at ``nodes`` over plain data parallelism's
-        (>= 1 where DP fits; None where no plan fits): the factor a plan-free curve's rate is
-        divided by to become plan-aware (what the simulator's ``MeasuredPlusPlanCosts`` adds)."""
+        (1 where DP fits and is fastest, above 1 where only slower plans fit; None where no
+        plan fits): the factor a plan-free curve's rate is divided by to become plan-aware
+        (what the simulator's ``MeasuredPlusPlanCosts`` adds)."""
         got = best_feasible(self.model, self.opts, nodes)
         if got is None:
             return None
@@ -298,8 +310,10 @@ class PlanProfiler(PlanAdvisor):
     """The JPA's per-plan profiler: one :class:`JobPlans` per job that opted into plans.
 
     The controller hands it every measured step with the plan that ran
-    (:meth:`~malleparsl.controller.Controller.observe` with ``plan=``), lets it replace the
-    curve advisor's view of such jobs by their plan-aware curve and memory-model minimum size
+    (:meth:`~malleparsl.controller.Controller.observe` with ``plan=``; the curve advisor learns
+    the same reading as the rate plain DP would have had, :meth:`dp_equivalent`), lets it scale
+    the curve advisor's view of such jobs by the best feasible plan's cost relative to DP at each
+    size, with the memory model's minimum size and no size above the largest any plan runs at
     (:meth:`adjust`), and asks it which plan a job runs at its new size (:meth:`plan_for`).
     Jobs opt in through ``JobSpec.meta["plan_options"]`` (a :class:`~malleparsl.plans.PlanOptions`;
     :func:`malleparsl.executors.planning.spec_from_options` sets it); others pass through.
@@ -346,7 +360,7 @@ class PlanProfiler(PlanAdvisor):
                 out.append(v)
                 continue
             n_max = max(1, min(v.spec.max_nodes, len(snapshot.nodes)))
-            costs = [jp.plan_cost(n) for n in range(1, n_max + 1)]
+            costs = jp.plan_costs(n_max)
             ok = [n for n, c in enumerate(costs, 1) if c is not None]
             if not ok or ok[0] > v.hi:
                 out.append(v)

@@ -23,17 +23,15 @@ def _fit(p: float, n_max: int = 32):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=st.floats(0.5, 0.999), eps=st.lists(st.floats(-0.99, 0.99), min_size=5, max_size=5),
-       prior=st.booleans())
-def test_readings_within_their_noise_do_not_bend_the_fit(p, eps, prior):
-    """Points that agree with the fit within 3 standard errors leave it as it is, whether they
-    are the job's readings or (with none) a prior's points."""
+@given(p=st.floats(0.5, 0.999), eps=st.lists(st.floats(-0.99, 0.99), min_size=5, max_size=5))
+def test_readings_within_their_noise_do_not_bend_the_fit(p, eps):
+    """Points that agree with the fit within 3 standard errors leave it as it is."""
     _, est = _fit(p)
     se = 0.03 / np.sqrt(2)
     # the misfit rule measures the fit relative to the reading: fit / reading - 1
     rates = [est.rate(k) / (1 + e * MISFIT_SIGMAS * se) for k, e in zip(SIZES, eps)]
     pts = Samples.of(SIZES, rates, [2] * len(SIZES))
-    assert ground_truth(est, pts, None if prior else pts, noise_rel=0.03) is est
+    assert ground_truth(est, pts, noise_rel=0.03) is est
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,7 +42,7 @@ def test_a_point_beyond_its_noise_is_planned_as_measured(p, at, off, sign):
     _, est = _fit(p)
     rates = [est.rate(k) * (1 + sign * off if k == at else 1.0) for k in SIZES]
     pts = Samples.of(SIZES, rates, [2] * len(SIZES))
-    got = ground_truth(est, pts, pts, noise_rel=0.03)
+    got = ground_truth(est, pts, noise_rel=0.03)
     assert got.model_free
     for k, r in zip(SIZES, rates):
         assert got.rate(k) == pytest.approx(r, rel=1e-9)
@@ -81,7 +79,7 @@ def test_zoo_curves_given_as_user_curves_keep_their_best_size():
 def test_a_priors_points_count_in_the_misfit_check():
     """Points the fit misses count even when they are all a prior's (no own reading yet)."""
     pts = Samples.of([1, 2, 3, 4, 8], [100.0, 60.0, 105.0, 140.0, 250.0], [0.5] * 5)
-    est = ground_truth(estimate(pts, n_max=16, noise_rel=0.03), pts, None, noise_rel=0.03)
+    est = ground_truth(estimate(pts, n_max=16, noise_rel=0.03), pts, noise_rel=0.03)
     assert est.model_free
     assert est.rate(2) == pytest.approx(60.0)
 

@@ -268,3 +268,6 @@ def test_sizes_with_no_plan_are_out_of_the_view_and_bad_sizes_raise_clearly() ->
         n_a, n_z = (len(ctl.allocation.nodes_of(j)) for j in "az")
         assert 1 <= n_a <= 3 and n_z >= 2
         assert ctl.plan_for("a", n_a).micro_batch and ctl.plan_for("z", n_z).zero
+    # a plan runs at 1..3 nodes, but min_nodes=4 leaves no size: refused at submit, not at launch
+    with pytest.raises(MemoryBudgetError, match=r"runs at any size from 4 to max_nodes=8.*1\.\.3"):
+        spec_from_options({**acc, "min_nodes": 4})

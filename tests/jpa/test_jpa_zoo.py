@@ -88,7 +88,7 @@ def test_unknown_family_and_bad_specs_are_named():
 def test_measured_points_win_when_no_structure_fits():
     # one-node rate 100, 40 % lost at 2 nodes, above 100 again only at 3: no cost model fits
     own = Samples.of([1, 2, 4], [100.0, 60.0, 150.0], [2, 2, 2])
-    est = ground_truth(estimate(own, n_max=16, noise_rel=0.03), own, own, noise_rel=0.03)
+    est = ground_truth(estimate(own, n_max=16, noise_rel=0.03), own, noise_rel=0.03)
     assert est.model_free
     for n, r in zip([1, 2, 4], [100.0, 60.0, 150.0]):
         assert est.rate(n) == pytest.approx(r)
@@ -103,7 +103,7 @@ def test_a_structure_that_fits_is_kept():
     truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.9, max_nodes=16)
     own = Samples.of([1, 2, 4], [truth.rate(k) for k in (1, 2, 4)], [2, 2, 2])
     fitted = estimate(own, n_max=16, noise_rel=0.03)
-    assert ground_truth(fitted, own, own, noise_rel=0.03) is fitted
+    assert ground_truth(fitted, own, noise_rel=0.03) is fitted
 
 
 def test_model_free_job_is_extrapolated_one_doubling_at_a_time():

@@ -97,7 +97,11 @@ def test_lean_plan_at_one_node_plain_dp_at_three(tmp_path) -> None:
         seg = job.segment.index
         wait_for(lambda: job.segment is None or job.segment.index != seg or
                  job.plan_log and len(job.plan_log) >= 2, "the 3-node segment", ex)
-        time.sleep(1.0)  # let it train a few steps at 3 nodes
+        prof = ex.control.controller.plans  # train at 3 nodes until the profiler has read a
+        # plain-DP step (the first after a change is warm-up and skipped; a fixed 1 s sleep was
+        # too short under load)
+        wait_for(lambda: "dp" in {r.plan.name for r in getattr(
+            prof.jobs.get("planned"), "readings", ())}, "a plain-DP step read by the profiler", ex)
         src.take("n1")
         src.take("n2")
         result = fut.result(timeout=NODE_TIMEOUT_S)

@@ -100,20 +100,15 @@ def run_recorded(  # noqa: PLR0913 - the simulate options that select a case
 ) -> tuple[SlowestDecisions, Any]:
     """Replay a case as ``malleparsl simulate`` would, with the policy wrapped."""
     from malleparsl.sim.bftrainer import _BFReplay
-    from malleparsl.sim.cli import _jobs, _warmup
     from malleparsl.sim.engine import SimOptions, _Replay
+    from malleparsl.sim.windows import select_case
     from malleparsl.traces import load_trace
 
     full = load_trace(trace, nodes=nodes)
-    warm = _warmup(full, trace, None)
-    generated = jobs.startswith("poisson:")
-    t0 = full.start_s + (3600 * start_h if start_h is not None else warm)
-    specs = _jobs(jobs, limit=None, start_s=t0 if generated else full.start_s, seed=seed)
-    if start_h is None and not generated:
-        t0 = max(full.start_s + warm, min((j.submit_s for j in specs), default=full.start_s))
-    t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
+    case = select_case(full, trace, jobs, hours=hours, start_h=start_h, seed=seed)
+    specs = case.specs
     opts = SimOptions(max_active=max_active or None, seed=seed, semantics=semantics)
-    win, popts = full.window(t0, t1), policy_options or {}
+    win, popts = case.window, policy_options or {}
     if semantics == "bftrainer":
         rep: Any = _BFReplay(
             win, specs, policy, opts.max_active, opts.tfwd_s, popts, full, opts.horizon

@@ -26,35 +26,6 @@ import typer
 log = logging.getLogger(__name__)
 
 
-def _jobs(spec: str, *, limit: int | None, start_s: float, seed: int):  # noqa: ANN202
-    from malleparsl.data import load_jobset
-
-    if spec.startswith("poisson:"):
-        from malleparsl.sim.workloads import poisson_jobs
-
-        n, mean = _poisson_fields(spec)
-        return poisson_jobs(n_jobs=n, mean_interarrival_s=mean, seed=seed, start_s=start_s)
-    return load_jobset(spec, limit=limit)
-
-
-def _poisson_fields(spec: str) -> tuple[int, float]:
-    """``poisson:N[:MEAN_S]`` -> ``(N, MEAN_S)``; every field is checked, none ignored."""
-    from malleparsl.errors import SpecError
-
-    parts = spec.split(":")
-    rule = "write poisson:N or poisson:N:MEAN_INTERARRIVAL_S with N >= 1 and MEAN > 0"
-    try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError
-        n = int(parts[1])
-        mean = float(parts[2]) if len(parts) > 2 else 600.0
-    except ValueError:
-        raise SpecError(f"--jobs {spec!r}: {rule}") from None
-    if n < 1 or not (math.isfinite(mean) and mean > 0):
-        raise SpecError(f"--jobs {spec!r}: {rule}")
-    return n, mean
-
-
 def _fail(msg: str) -> None:
     """One ``error: ...`` line on stderr and exit status 2 (as malleparsl.cli does)."""
     print("error: " + " ".join(msg.split()), file=sys.stderr, flush=True)
@@ -107,24 +78,11 @@ def _check_inputs(  # noqa: PLR0913 - one check per option
     need(bool(names), "--policy", ",".join(names),
          "names no policy; give one or more comma-separated policy names")
     if jobs.startswith("poisson:"):
-        _poisson_fields(jobs)
+        from malleparsl.sim.windows import poisson_fields
+
+        poisson_fields(jobs)
     if out is not None:
         _check_out(out)
-
-
-def _warmup(full, trace: str, warmup_h: float | None) -> float:  # noqa: ANN001
-    """Seconds to skip at the trace's start: the user's, else an SWF log's measured warm-up."""
-    if warmup_h is not None:
-        if not (math.isfinite(warmup_h) and warmup_h >= 0):
-            from malleparsl.errors import SpecError
-
-            raise SpecError(f"--warmup-h {warmup_h!r}: must be a finite number of hours >= 0")
-        return 3600.0 * warmup_h
-    if str(trace).lower().endswith((".swf", ".swf.gz")):
-        from malleparsl.sim.windows import warmup_s
-
-        return warmup_s(full)
-    return 0.0
 
 
 def simulate(
@@ -180,6 +138,7 @@ def simulate(
     from malleparsl.sim.engine import simulate as run_sim
     from malleparsl.sim.result import compare
     from malleparsl.sim.setups import setup_names
+    from malleparsl.sim.windows import select_case
     from malleparsl.traces import load_trace
 
     console = Console(stderr=json_out)
@@ -200,18 +159,11 @@ def simulate(
         raise SpecError(f"--policy: unknown policy {bad}; valid policies are: {', '.join(valid)}")
     try:
         full = load_trace(trace, nodes=nodes, machine_nodes=machine_nodes)
-        warm = _warmup(full, trace, warmup_h)
-        generated = jobs.startswith("poisson:")
-        if start_h is not None:
-            t0 = full.start_s + 3600 * start_h
-        elif generated:
-            t0 = full.start_s + warm
-        # generated jobs arrive from the window's start, not the trace's
-        specs = _jobs(jobs, limit=limit_jobs, start_s=t0 if generated else full.start_s, seed=seed)
-        if start_h is None and not generated:
-            t0 = max(full.start_s + warm, min((j.submit_s for j in specs), default=full.start_s))
-        t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
-        tr = full.window(t0, t1)
+        case = select_case(
+            full, trace, jobs, hours=hours, start_h=start_h, warmup_h=warmup_h,
+            limit=limit_jobs, seed=seed,
+        )
+        tr, specs, warm = case.window, case.specs, case.warmup_s
         opts = SimOptions(
             max_active=max_active or None, tfwd_s=tfwd, noise=noise, reveal_ends=reveal_ends,
             seed=seed, horizon_quantile=horizon_quantile, semantics=semantics,

@@ -5,7 +5,9 @@ most nodes are idle only because the replay has not yet filled it, a state the r
 never was in. Those idle nodes are an artefact; a window that starts there inflates every
 figure. :func:`warmup_s` finds when the replayed utilisation first reaches its steady level
 (the time-weighted median utilisation of the whole replay), and the CLI starts the window
-there unless told otherwise (``--warmup-h``).
+there unless told otherwise (``--warmup-h``). :func:`select_case` is the one place that turns
+the command-line options into a window and its jobs, for ``simulate`` and every bench that
+replays "a case as ``simulate`` would".
 
 >>> from malleparsl.traces import trace_from_fragments
 >>> # 4 nodes; the log fills the machine over the first 300 s, then one node idles at times
@@ -18,11 +20,16 @@ there unless told otherwise (``--warmup-h``).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
+from malleparsl.errors import SpecError
+from malleparsl.model import JobSpec
 from malleparsl.traces import IdleTrace
 
-__all__ = ["steady_utilisation", "warmup_s"]
+__all__ = ["Case", "poisson_fields", "select_case", "steady_utilisation", "warmup_s"]
 
 
 def _utilisation(trace: IdleTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,3 +63,75 @@ def warmup_s(trace: IdleTrace) -> float:
     level = steady_utilisation(trace)
     hit = np.flatnonzero(busy >= level - 1e-12)
     return float(times[hit[0]] - trace.start_s) if hit.size else 0.0
+
+
+def poisson_fields(spec: str) -> tuple[int, float]:
+    """``poisson:N[:MEAN_S]`` -> ``(N, MEAN_S)``; every field is checked, none ignored."""
+    parts = spec.split(":")
+    rule = "write poisson:N or poisson:N:MEAN_INTERARRIVAL_S with N >= 1 and MEAN > 0"
+    try:
+        if not 2 <= len(parts) <= 3:
+            raise ValueError
+        n = int(parts[1])
+        mean = float(parts[2]) if len(parts) > 2 else 600.0
+    except ValueError:
+        raise SpecError(f"--jobs {spec!r}: {rule}") from None
+    if n < 1 or not (math.isfinite(mean) and mean > 0):
+        raise SpecError(f"--jobs {spec!r}: {rule}")
+    return n, mean
+
+
+def _warmup(full: IdleTrace, trace: str, warmup_h: float | None) -> float:
+    """Seconds to skip at the trace's start: the user's, else an SWF log's measured warm-up."""
+    if warmup_h is not None:
+        if not (math.isfinite(warmup_h) and warmup_h >= 0):
+            raise SpecError(f"--warmup-h {warmup_h!r}: must be a finite number of hours >= 0")
+        return 3600.0 * warmup_h
+    if str(trace).lower().endswith((".swf", ".swf.gz")):
+        return warmup_s(full)
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """A replay window and its jobs, as ``simulate``'s options select them."""
+
+    window: IdleTrace
+    specs: list[JobSpec]
+    warmup_s: float
+
+
+def select_case(  # noqa: PLR0913 - the simulate options that select a case
+    full: IdleTrace,
+    trace: str,
+    jobs: str,
+    *,
+    hours: float,
+    start_h: float | None,
+    warmup_h: float | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> Case:
+    """The window ``[t0, t1)`` and the jobs of a case.
+
+    Without ``start_h`` the window opens after the warm-up, or at the first submission of a job
+    set if that is later. Generated jobs (``poisson:``) arrive from the window's start, not the
+    trace's, so a window late in the trace does not open on a queue of hours-old jobs.
+    ``hours <= 0`` runs to the trace's end.
+    """
+    from malleparsl.data import load_jobset
+
+    warm = _warmup(full, trace, warmup_h)
+    generated = jobs.startswith("poisson:")
+    t0 = full.start_s + (3600 * start_h if start_h is not None else warm)
+    if generated:
+        from malleparsl.sim.workloads import poisson_jobs
+
+        n, mean = poisson_fields(jobs)
+        specs = poisson_jobs(n_jobs=n, mean_interarrival_s=mean, seed=seed, start_s=t0)
+    else:
+        specs = load_jobset(jobs, limit=limit)
+        if start_h is None:
+            t0 = max(t0, min((j.submit_s for j in specs), default=full.start_s))
+    t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
+    return Case(full.window(t0, t1), list(specs), warm)

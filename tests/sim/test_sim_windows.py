@@ -66,3 +66,20 @@ def test_generated_jobs_arrive_from_the_window_start(tmp_path):
     # jobs arrive within minutes of the window start (not 20 h before it): all are submitted
     # inside the window and none waits hours
     assert row["jobs_submitted"] == 4
+
+
+def test_select_case_opens_windows_as_simulate_does():
+    """One function picks every replay's window: a job set's from its first submission, a
+    generated set's jobs arriving from the window's start, an explicit start taken as given."""
+    from malleparsl.sim.windows import select_case
+    from malleparsl.traces import load_trace
+
+    full = load_trace("summit", nodes="0:16")
+    named = select_case(full, "summit", "imagenet", hours=2, start_h=None, limit=5)
+    first = min(j.submit_s for j in named.specs)
+    assert named.window.start_s == max(full.start_s, first)
+    assert named.window.end_s == named.window.start_s + 7200
+    late = select_case(full, "summit", "poisson:4:60", hours=1, start_h=30, seed=1)
+    assert late.window.start_s == full.start_s + 30 * 3600
+    assert all(j.submit_s >= late.window.start_s for j in late.specs)
+    assert len(late.specs) == 4 and late.warmup_s == 0.0

@@ -7,7 +7,8 @@ argmax over options per job. Here
 
 - every job's values are computed at once on a ``(J, S + 1)`` table (``S`` the largest size
   any job may take; sizes a job may not take hold ``-inf``), with each curve interpolated once;
-- the programme keeps the best-value vector after every job (``J x (N + 1)`` floats) instead
+- the programme (:func:`~malleparsl.allocator.knapsack.programme`, the one ``milp``'s exact
+  path also runs) keeps the best-value vector after every job (``J x (N + 1)`` floats) instead
   of an argmax per job and cell, and recovers each job's choice on the way back with one
   argmax over its options at the single node budget that matters;
 - a waiting job none of whose starts is worth anything leaves the vector as it is (skipped).
@@ -29,6 +30,7 @@ import numpy as np
 
 from malleparsl.allocator.base import JobView
 from malleparsl.allocator.costs import PAUSE, RescaleCosts
+from malleparsl.allocator.knapsack import programme
 from malleparsl.model import ScalingCurve
 
 __all__ = ["HOLD_CAP_S", "best_counts_table", "hold_value_table"]
@@ -111,38 +113,10 @@ def best_counts_table(n_nodes: int, jobs: Sequence[JobView], table: np.ndarray) 
     Every job may keep its count (value 0), so the programme is feasible whenever the current
     allocation is; a tie between options goes to the smallest size.
     """
-    nj = len(jobs)
-    counts: dict[str, int] = {}
-    if nj == 0:
-        return counts
-    s = table.shape[1] - 1
-    n = n_nodes
-    pad = np.full(s + n + 1, -np.inf)  # pad[s + m] = best[m]; -inf below a budget of 0
-    pad[s:] = 0.0
-    # win[t, m] = pad[t + m] = best[m - (s - t)]: a view re-read after every job; the options
-    # run largest size first (t = s - k) so that rows are contiguous and the max over them is
-    # an element-wise maximum of rows (the max of a set of floats does not depend on order)
-    win = np.lib.stride_tricks.sliding_window_view(pad, n + 1)
-    rev = table[:, ::-1]
-    hist = np.empty((nj, n + 1))  # best before each job
-    buf = np.empty((s + 1, n + 1))
-    # a job that holds nothing and gains nothing by starting cannot change the vector
-    idle = np.fromiter((not j.current for j in jobs), bool, nj) & ~(table[:, 1:] > 0).any(axis=1)
-    for i in range(nj):
-        hist[i] = pad[s:]
-        if idle[i]:
-            continue
-        np.add(win, rev[i][:, None], out=buf)
-        buf.max(axis=0, out=pad[s:])
-    m = int(np.argmax(pad[s:]))
-    for i in range(nj - 1, -1, -1):
-        if m == 0 or idle[i]:  # no budget left, or a job that cannot beat keeping 0 nodes
-            counts[jobs[i].job_id] = 0
-            continue
-        kk = min(s, m)
-        # the job's options at budget m, smallest size first (argmax takes the first maximum)
-        cand = hist[i, m - kk : m + 1][::-1] + table[i, : kk + 1]
-        k = int(np.argmax(cand))
-        counts[jobs[i].job_id] = k
-        m -= k
-    return counts
+    if not len(jobs):
+        return {}
+    # a job that holds nothing and gains nothing by starting cannot change the best values
+    idle = np.fromiter((not j.current for j in jobs), bool, len(jobs))
+    idle &= ~(table[:, 1:] > 0).any(axis=1)
+    chosen, _ = programme([(None, row) for row in table], n_nodes, from_cap=False, skip=idle)
+    return {j.job_id: k for j, k in zip(jobs, chosen)}

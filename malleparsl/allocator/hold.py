@@ -30,9 +30,9 @@ Counts are chosen by an exact dynamic programme over (jobs x nodes) — a multip
 knapsack, as in :func:`~malleparsl.allocator.objective.best_count_objective` — in O(J x N x K)
 vector operations: milliseconds at 10 jobs x 128 nodes, no solver, no time limit to hit. The
 policy computes values and programme on one (jobs x sizes) table
-(:mod:`~malleparsl.allocator.value_table`; bit-identical to :func:`hold_values` and
-:func:`best_counts` per job, which stay as the reference): uncapped on the whole Summit machine
-(up to ~800 jobs x ~2,000 nodes) at most 0.27 s of CPU per decision.
+(:mod:`~malleparsl.allocator.value_table`; the tests hold it to a per-job reference,
+``tests/allocator/hold_oracle.py``, to the bit): uncapped on the whole Summit machine (up to
+~800 jobs x ~2,000 nodes) at most 0.27 s of CPU per decision.
 Objectives other than throughput (``"jct"``, a weighted ``"mix"``) scale each job's values by
 a priority weight (:mod:`~malleparsl.allocator.priority`).
 """
@@ -52,83 +52,15 @@ from malleparsl.allocator.base import (
     register_policy_factory,
 )
 from malleparsl.allocator.costs import PAUSE, RescaleCosts, costs_named
-from malleparsl.allocator.objective import allowed_sizes, check_inputs
+from malleparsl.allocator.objective import check_inputs
 from malleparsl.allocator.placement import longest_first, node_horizons, place
-from malleparsl.allocator.value_table import HOLD_CAP_S, best_counts_table, hold_value_table
+from malleparsl.allocator.value_table import best_counts_table, hold_value_table
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation
 
-__all__ = ["HoldPolicy", "hold_values"]
+__all__ = ["HoldPolicy"]
 
 WINDOW = 4
-
-
-def hold_values(
-    view: JobView,
-    sizes: np.ndarray,
-    free_h: float,
-    own_h: float,
-    costs: RescaleCosts = PAUSE,
-) -> np.ndarray:
-    """Value of ``view`` at each count in ``sizes`` relative to keeping its current count.
-
-    ``free_h``: expected idle time left on the nodes it would grow onto; ``own_h``: on the
-    nodes it holds (what a shrink gives up).
-    """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    c = len(view.current)
-    top = int(max(int(sizes.max(initial=0)), c))
-    r = view.curve.rates_upto(top)
-    rc, rk = r[c], r[sizes]
-    left = view.remaining
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
-    s = view.spec
-    h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)  # finite: see HOLD_CAP_S
-    h_own = np.minimum(np.minimum(own_h, job_h), HOLD_CAP_S)
-    exposure = np.where(job_h > free_h, s.rescale_down_s * rk, 0.0)
-    # the rate the pause is paid at (costs.RescaleCosts): PAUSE, the new size (a start pays
-    # too); OLD_RATE, BFTrainer's accounting, the size before (a start is free)
-    paid = rk if costs.at_new_size else rc
-    # a stopped job that would finish on these nodes pays its start pause now or later, but
-    # pays it once whatever happens: charging it here would leave a job whose last samples
-    # take less than the pause stopped for ever (its result never delivered)
-    pause = np.where((c == 0) & (job_h <= free_h), 0.0, s.rescale_up_s * paid)
-    # a flat stretch (equal rates) gains or loses nothing however long it is held
-    grow = np.where(rk != rc, (rk - rc) * h_grow, 0.0) - pause - exposure
-    shrink = -np.where(rk != rc, (rc - rk) * h_own, 0.0) - s.rescale_down_s * paid
-    val = np.where(sizes > c, grow, np.where(sizes < c, shrink, 0.0))
-    return s.weight * val
-
-
-def best_counts(
-    n_nodes: int, jobs: Sequence[JobView], values: Sequence[tuple[np.ndarray, np.ndarray]]
-) -> dict[str, int]:
-    """Exact multiple-choice knapsack: one (size, value) option per job, sizes sum <= nodes.
-
-    Every job has the option of keeping its count (value 0), so the programme is feasible
-    whenever the current allocation is.
-    """
-    best = np.zeros(n_nodes + 1)
-    choices = []
-    for sizes, vals in values:
-        ok = sizes <= n_nodes
-        sizes, vals = sizes[ok], vals[ok]
-        smax = int(sizes.max(initial=0))
-        # windows[k][m] = best[m - sizes[k]] (-inf where m < sizes[k]): one gather per job
-        padded = np.concatenate((np.full(smax, -np.inf), best))
-        windows = np.lib.stride_tricks.sliding_window_view(padded, n_nodes + 1)[smax - sizes]
-        cand = windows + vals[:, None]
-        pick = np.argmax(cand, axis=0)
-        best = cand[pick, np.arange(n_nodes + 1)]
-        choices.append(sizes[pick])
-    counts: dict[str, int] = {}
-    m = int(np.argmax(best))
-    for j, arg in zip(reversed(jobs), reversed(choices)):
-        k = int(arg[m])
-        counts[j.job_id] = k
-        m -= k
-    return counts
 
 
 def _candidates(jobs: Sequence[JobView], n_nodes: int, prio: np.ndarray) -> list[int]:
@@ -167,10 +99,6 @@ class HoldPolicy(AllocationPolicy):
         the default simulator charges) or ``"old-rate"``. The BFTrainer replay
         (:mod:`~malleparsl.sim.bftrainer`) sets ``policy.costs`` to the rule it charges.
     """
-
-    vectorised = True
-    """Values and knapsack on one table (:mod:`~malleparsl.allocator.value_table`); False: the
-    per-job reference path, slower and with the same answers."""
 
     def __init__(
         self,
@@ -213,15 +141,8 @@ class HoldPolicy(AllocationPolicy):
         cand = _candidates(jobs, n, prio)
         jobs, prio = [jobs[i] for i in cand], prio[cand]
         own = [float(np.mean([hz[x] for x in j.current])) if j.current else free_h for j in jobs]
-        if self.vectorised:
-            table = hold_value_table(jobs, n, free_h, own, prio, self.costs)
-            counts = best_counts_table(n, jobs, table)
-        else:  # the per-job reference path (bit-identical answers; tests compare the two)
-            values = []
-            for j, w, own_h in zip(jobs, prio, own):
-                sizes = allowed_sizes(j, n)
-                values.append((sizes, w * hold_values(j, sizes, free_h, own_h, self.costs)))
-            counts = best_counts(n, jobs, values)
+        table = hold_value_table(jobs, n, free_h, own, prio, self.costs)
+        counts = best_counts_table(n, jobs, table)
         order = sorted(jobs, key=lambda j: -counts[j.job_id] + len(j.current))
         return place(
             snapshot,

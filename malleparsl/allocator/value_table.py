@@ -1,22 +1,24 @@
-"""The ``hold`` policy's values and knapsack on one dense (jobs x sizes) table: the fast path.
+"""The ``hold`` policy's values and knapsack on one dense (jobs x sizes) table.
 
-Uncapped on the whole Summit machine a decision sees up to ~800 jobs and ~2,000 nodes, and the
-per-job path (:func:`~malleparsl.allocator.hold.hold_values` then
-:func:`~malleparsl.allocator.hold.best_counts`) spent most of its time in numpy call overhead:
-a curve interpolated per job, a strided view and an argmax over options per job. Here
+Uncapped on the whole Summit machine a decision sees up to ~800 jobs and ~2,000 nodes, and a
+per-job computation (now only the tests' reference, ``tests/allocator/hold_oracle.py``) spent
+most of its time in numpy call overhead: a curve interpolated per job, a strided view and an
+argmax over options per job. Here
 
 - every job's values are computed at once on a ``(J, S + 1)`` table (``S`` the largest size
   any job may take; sizes a job may not take hold ``-inf``), with each curve interpolated once;
-- the programme keeps the best-value vector after every job (``J x (N + 1)`` floats) instead
+- the programme (:func:`~malleparsl.allocator.knapsack.programme`, the one ``milp``'s exact
+  path also runs) keeps the best-value vector after every job (``J x (N + 1)`` floats) instead
   of an argmax per job and cell, and recovers each job's choice on the way back with one
   argmax over its options at the single node budget that matters;
 - a waiting job none of whose starts is worth anything leaves the vector as it is (skipped).
 
-The answers are *bit-identical* to the per-job path, not just as good: every value is the same
-IEEE operation on the same operands, the programme adds the same numbers in the same job order,
-and a tie between options still goes to the smallest size (``argmax`` takes the first maximum;
-a skipped job's options can at best tie with keeping 0 nodes, since the best-value vector never
-decreases with the budget). ``tests/allocator/test_hold_table.py`` holds both paths to equality.
+The answers are *bit-identical* to that per-job reference, not just as good: every value is the
+same IEEE operation on the same operands, the programme adds the same numbers in the same job
+order, and a tie between options still goes to the smallest size (``argmax`` takes the first
+maximum; a skipped job's options can at best tie with keeping 0 nodes, since the best-value
+vector never decreases with the budget). ``tests/allocator/test_hold_table.py`` holds the two
+to equality.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from malleparsl.allocator.base import JobView
 from malleparsl.allocator.costs import PAUSE, RescaleCosts
+from malleparsl.allocator.knapsack import programme
 from malleparsl.model import ScalingCurve
 
 __all__ = ["HOLD_CAP_S", "best_counts_table", "hold_value_table"]
@@ -58,10 +61,12 @@ def hold_value_table(
     prio: np.ndarray,
     costs: RescaleCosts = PAUSE,
 ) -> np.ndarray:
-    """``prio[j] * hold_values(jobs[j], k, ...)`` for ``k`` in ``0..S``; ``-inf`` off limits.
+    """``prio[j]`` times job ``j``'s hold value at ``k`` nodes (the formulas of
+    :mod:`~malleparsl.allocator.hold`) for ``k`` in ``0..S``; ``-inf`` off limits.
 
-    ``S`` = the largest size any job may take (``min(hi, n_nodes)``); ``own_h[j]`` as in
-    :func:`~malleparsl.allocator.hold.hold_values`.
+    ``S`` = the largest size any job may take (``min(hi, n_nodes)``); ``free_h``: expected idle
+    time left on the nodes a job would grow onto; ``own_h[j]``: on the nodes job ``j`` holds
+    (what a shrink gives up).
     """
     nj = len(jobs)
     lo = np.fromiter((j.lo for j in jobs), np.int64, nj)
@@ -79,13 +84,18 @@ def hold_value_table(
     down = np.fromiter((j.spec.rescale_down_s for j in jobs), float, nj)[:, None]
     weight = np.fromiter((j.spec.weight for j in jobs), float, nj)[:, None]
     own = np.asarray(own_h, dtype=float)[:, None]
-    # the same operations, operand for operand, as hold.hold_values (bit-identical results)
+    # the same operations, operand for operand, as the tests' per-job reference (bit-identical)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         job_h = np.where(rk > 0, left / np.maximum(rk, 1e-300), math.inf)
     h_grow = np.minimum(np.minimum(free_h, job_h), HOLD_CAP_S)
     h_own = np.minimum(np.minimum(own, job_h), HOLD_CAP_S)
     exposure = np.where(job_h > free_h, down * rk, 0.0)
+    # the rate the pause is paid at (costs.RescaleCosts): PAUSE, the new size (a start pays
+    # too); OLD_RATE, BFTrainer's accounting, the size before (a start is free)
     paid = rk if costs.at_new_size else np.broadcast_to(rc, rk.shape)
+    # a stopped job that would finish on these nodes pays its start pause now or later, but
+    # pays it once whatever happens: charging it here would leave a job whose last samples
+    # take less than the pause stopped for ever (its result never delivered)
     pause = np.where((c == 0) & (job_h <= free_h), 0.0, up * paid)
     # a flat stretch (equal rates) gains or loses nothing however long it is held
     grow = np.where(rk != rc, (rk - rc) * h_grow, 0.0) - pause - exposure
@@ -100,41 +110,13 @@ def hold_value_table(
 def best_counts_table(n_nodes: int, jobs: Sequence[JobView], table: np.ndarray) -> dict[str, int]:
     """Exact multiple-choice knapsack over ``table[j, k]`` (value of ``k`` nodes for job ``j``).
 
-    Same answer, ties included, as :func:`~malleparsl.allocator.hold.best_counts` given each
-    job's allowed sizes and values.
+    Every job may keep its count (value 0), so the programme is feasible whenever the current
+    allocation is; a tie between options goes to the smallest size.
     """
-    nj = len(jobs)
-    counts: dict[str, int] = {}
-    if nj == 0:
-        return counts
-    s = table.shape[1] - 1
-    n = n_nodes
-    pad = np.full(s + n + 1, -np.inf)  # pad[s + m] = best[m]; -inf below a budget of 0
-    pad[s:] = 0.0
-    # win[t, m] = pad[t + m] = best[m - (s - t)]: a view re-read after every job; the options
-    # run largest size first (t = s - k) so that rows are contiguous and the max over them is
-    # an element-wise maximum of rows (the max of a set of floats does not depend on order)
-    win = np.lib.stride_tricks.sliding_window_view(pad, n + 1)
-    rev = table[:, ::-1]
-    hist = np.empty((nj, n + 1))  # best before each job
-    buf = np.empty((s + 1, n + 1))
-    # a job that holds nothing and gains nothing by starting cannot change the vector
-    idle = np.fromiter((not j.current for j in jobs), bool, nj) & ~(table[:, 1:] > 0).any(axis=1)
-    for i in range(nj):
-        hist[i] = pad[s:]
-        if idle[i]:
-            continue
-        np.add(win, rev[i][:, None], out=buf)
-        buf.max(axis=0, out=pad[s:])
-    m = int(np.argmax(pad[s:]))
-    for i in range(nj - 1, -1, -1):
-        if m == 0 or idle[i]:  # no budget left, or a job that cannot beat keeping 0 nodes
-            counts[jobs[i].job_id] = 0
-            continue
-        kk = min(s, m)
-        # the job's options at budget m, smallest size first (argmax takes the first maximum)
-        cand = hist[i, m - kk : m + 1][::-1] + table[i, : kk + 1]
-        k = int(np.argmax(cand))
-        counts[jobs[i].job_id] = k
-        m -= k
-    return counts
+    if not len(jobs):
+        return {}
+    # a job that holds nothing and gains nothing by starting cannot change the best values
+    idle = np.fromiter((not j.current for j in jobs), bool, len(jobs))
+    idle &= ~(table[:, 1:] > 0).any(axis=1)
+    chosen, _ = programme([(None, row) for row in table], n_nodes, from_cap=False, skip=idle)
+    return {j.job_id: k for j, k in zip(jobs, chosen)}

@@ -6,10 +6,11 @@ import pytest
 from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
 from malleparsl.allocator.costs import OLD_RATE, PAUSE, costs_named
 from malleparsl.allocator.countmodel import build_options
-from malleparsl.allocator.hold import HoldPolicy, hold_values
+from malleparsl.allocator.hold import HoldPolicy
 from malleparsl.allocator.milp import work_weights
 from malleparsl.allocator.objective import best_count_objective
 from malleparsl.allocator.placement import node_horizons
+from malleparsl.allocator.value_table import hold_value_table
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.sim.bftrainer import COSTS, simulate_bftrainer
@@ -97,10 +98,9 @@ def test_hold_takes_its_cost_rule_by_name_and_uses_it():
         make_policy("hold", costs="free")
     # a grow from 1 to 4 nodes pays its pause at the new rate (PAUSE) or the old one
     view = JobView(spec("a"), LIN, frozenset({"n1"}))
-    sizes = np.array([0, 1, 4])
-    pause = hold_values(view, sizes, 100.0, 100.0, PAUSE)
-    old = hold_values(view, sizes, 100.0, 100.0, OLD_RATE)
-    assert old[2] - pause[2] == pytest.approx(5.0 * (40.0 - 10.0))
+    (pause,) = hold_value_table([view], 4, 100.0, [100.0], np.ones(1), PAUSE)
+    (old,) = hold_value_table([view], 4, 100.0, [100.0], np.ones(1), OLD_RATE)
+    assert old[4] - pause[4] == pytest.approx(5.0 * (40.0 - 10.0))
 
 
 def test_work_value_spends_nodes_where_they_do_most_of_a_job():

@@ -5,10 +5,11 @@ import math
 
 import numpy as np
 import pytest
+from hold_oracle import best_counts
 
 from malleparsl.allocator import ClusterSnapshot, JobView, make_policy
-from malleparsl.allocator.hold import best_counts, hold_values
 from malleparsl.allocator.priority import priority_weights
+from malleparsl.allocator.value_table import hold_value_table
 from malleparsl.controller import Controller
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec, ScalingCurve
@@ -78,7 +79,7 @@ def test_best_counts_is_exact_against_brute_force():
 
 def test_hold_values_pay_starts_and_preemption_exposure():
     j = view("a", total=math.inf)
-    v = hold_values(j, np.array([0, 1, 2]), free_h=100.0, own_h=100.0)
+    (v,) = hold_value_table([j], 2, free_h=100.0, own_h=[100.0], prio=np.ones(1))
     # start at k nodes: r(k) * 100 - 20 r(k) (pause) - 10 r(k) (nodes go before the job ends)
     assert v.tolist() == pytest.approx([0.0, 700.0, 1400.0])
 

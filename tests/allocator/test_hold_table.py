@@ -1,6 +1,6 @@
-"""The ``hold`` policy's fast path (one value table, one programme) answers exactly as the
-per-job reference path: the same values bit for bit, the same counts ties included, and so the
-same simulation, job by job."""
+"""The ``hold`` policy's table path (one value table, one programme) answers exactly as the
+per-job reference (``hold_oracle``): the same values bit for bit, the same counts ties
+included, and so the same simulation, job by job."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hold_oracle import best_counts, hold_values, oracle_counts, oracle_table
 
+from malleparsl.allocator import hold
 from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.allocator.costs import OLD_RATE, PAUSE
-from malleparsl.allocator.hold import HoldPolicy, best_counts, hold_values
+from malleparsl.allocator.hold import HoldPolicy
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.allocator.value_table import best_counts_table, hold_value_table
 from malleparsl.model import JobSpec, ScalingCurve
@@ -98,9 +100,18 @@ def test_table_programme_returns_the_reference_counts_ties_included(integer_valu
         assert best_counts_table(n, jobs, table) == best_counts(n, jobs, values)
 
 
+def _use_oracle(monkeypatch, oracle: bool) -> None:
+    """Run the policy on the per-job reference (``oracle``) or on the shipped table path."""
+    if oracle:
+        monkeypatch.setattr(hold, "hold_value_table", oracle_table)
+        monkeypatch.setattr(hold, "best_counts_table", oracle_counts)
+    else:
+        monkeypatch.undo()
+
+
 def test_uncapped_simulation_is_identical_on_both_paths(monkeypatch):
     """A small uncapped run with a queue (80 jobs, 512 nodes, 4 h): every job's start, finish
-    and samples, and every size change, the same on the fast and the reference path."""
+    and samples, and every size change, the same on the table path and the reference."""
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
     from malleparsl.traces import load_trace
@@ -112,7 +123,7 @@ def test_uncapped_simulation_is_identical_on_both_paths(monkeypatch):
     for policy in ("hold-jct", "hold"):
         out = {}
         for fast in (True, False):
-            monkeypatch.setattr(HoldPolicy, "vectorised", fast)
+            _use_oracle(monkeypatch, not fast)
             out[fast] = simulate(
                 tr, specs, policy=policy, options=SimOptions(max_active=None), history=full
             )
@@ -126,8 +137,9 @@ def test_uncapped_simulation_is_identical_on_both_paths(monkeypatch):
 def _both_paths(monkeypatch, snap, jobs, **options):
     out = []
     for fast in (True, False):
-        monkeypatch.setattr(HoldPolicy, "vectorised", fast)
+        _use_oracle(monkeypatch, not fast)
         out.append(HoldPolicy(**options).allocate(snap, jobs).sizes())
+    monkeypatch.undo()
     return out
 
 

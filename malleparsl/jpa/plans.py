@@ -7,9 +7,12 @@ batch, ``k``: micro-batches per step, ``P``: parameters, ``W = w P`` gradient by
     t(p, n) = c L                       compute (forward + backward) per sample
             + c_r L [ckpt]              recomputation of checkpointed blocks
             + o k                       per micro-batch overhead (kernel launches, Python)
-            + u P / (n if zero1 else 1) optimizer step over the parameters this rank owns
+            + u P / (n if sharded else 1)  optimizer step over the parameters this rank owns
             + g W (2 (n-1)/n + [zero1] (n-1)/n)   ring all-reduce, then the ZeRO broadcast
             + l log2(n)                 collective latency
+
+and under FSDP2 (``fsdp``), whose every pass gathers the parameters twice (forward, backward)
+and reduce-scatters the gradients, the last two terms are ``g W 3 k (n-1)/n + l 3 k log2(n)``.
 
 Linear in its six coefficients, it is fitted like the JPA's curve models: non-negative least
 squares on relative errors (:func:`fit_perf`), pulled towards a prior (:meth:`PlanPerfModel.default`)
@@ -69,10 +72,11 @@ def features(prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int) -> 
     k = math.ceil(loc / mb)
     w = float(prof.bytes_per_param * prof.params)
     frac = (n - 1) / n
-    comm = w * (2 * frac + (frac if plan.zero else 0.0))
+    rounds = 3 * k if plan.fsdp else 1  # collectives on the critical path, per step
+    comm = w * (3 * k * frac if plan.fsdp else 2 * frac + (frac if plan.zero else 0.0))
     return np.array([
         loc, loc if plan.checkpoint else 0.0, k,
-        prof.params / (n if plan.zero else 1), comm, math.log2(n),
+        prof.params / (n if plan.sharded else 1), comm, rounds * math.log2(n),
     ], dtype=float)
 
 

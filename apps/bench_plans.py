@@ -53,6 +53,10 @@ def _rank(rank: int, port: int, case: PlanCase) -> dict[str, Any]:  # runs in a 
         probe = BlockMLP(d_in=case.d_in, width=case.width, depth=case.depth)
         prof = profile_memory(probe, (x[:8], y[:8]), loss_sum, blocks=probe.blocks)
         tiny = BlockMLP(d_in=case.d_in, width=8, depth=1)  # warm kernels, autograd, Adam
+        if parse_plan(case.plan).fsdp and case.n > 1:  # and FSDP2's modules, DTensor's caches
+            from malleparsl.apps.plans import shard_model
+
+            shard_model(tiny, tiny.blocks, world_size=case.n, device="cpu")
         topt = torch.optim.Adam(tiny.parameters())
         loss_sum(tiny, (x[:4], y[:4])).backward()
         topt.step()

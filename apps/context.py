@@ -445,6 +445,13 @@ class TrainContext:
                     "ctx.steps(): give total_steps, or total_samples in @malleable_app(...)"
                 )
             total_steps = math.ceil(float(total) / global_batch)
+        if self.plan.fsdp and self.world_size > 1 and global_batch % self.world_size:
+            raise SpecError(
+                f"plan {self.plan.name!r} needs the global batch to split evenly over the ranks "
+                f"(every rank runs as many passes: FSDP2's collectives are inside them); "
+                f"global_batch={global_batch} over {self.world_size} ranks does not: run "
+                "another plan or size"
+            )
         self.sampler = GlobalBatchSampler(
             dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,
             rank=self.rank, micro_batch=_smallest(

@@ -1,7 +1,7 @@
 """Example: a residual MLP of repeated blocks trained under whatever execution plan it is given.
 
 The loop is the ordinary malleable loop; :func:`~malleparsl.apps.plans.prepare` applies the
-segment's plan (checkpointed blocks, a ZeRO-1 optimizer, micro-batches), so the same function
+segment's plan (checkpointed blocks, a ZeRO-1 optimizer or FSDP2 shards, micro-batches), so the same function
 runs plain data parallel on many nodes and lean on few. Data are generated (a random teacher
 network labels Gaussian inputs), so nothing is downloaded.
 """
@@ -79,5 +79,5 @@ def train_blocks(
             step.backward(loss_sum(model, (x[idx], y[idx])))
         loss = step.sync(model)
         opt.step()
-        ctx.report(loss=loss, plan=ctx.plan.name, world_size=ctx.world_size, sharded=opt.zero)
+        ctx.report(loss=loss, plan=ctx.plan.name, world_size=ctx.world_size, sharded=opt.sharded)
     return {"loss": loss, "history": ctx.history, "steps": ctx.step}

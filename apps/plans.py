@@ -17,7 +17,9 @@ Every plan computes the same global mean gradient and the same update, so the lo
 trajectory does not depend on the plan. Checkpoints are plan-independent: the model's
 ``state_dict`` is unchanged by checkpointing, and :class:`PlanOptimizer` always saves the plain
 optimizer's format (ZeRO's shards are consolidated on rank 0 first), which any plan loads at any
-size (ZeRO keeps its own partition of it).
+size (ZeRO keeps its own partition of it). Under FSDP2 (``fsdp``) the model is registered as a
+:class:`ShardedModel`: its parameters are gathered into the plain ``state_dict`` on rank 0 the
+same way, and every rank loads a plain one by keeping its own shard of each tensor.
 """
 
 from __future__ import annotations
@@ -41,6 +43,98 @@ from malleparsl.plans import (
 log = logging.getLogger(__name__)
 
 
+def _gathered(value: Any) -> Any:
+    """A DTensor's full tensor (a collective: every rank calls it in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _shard_like(value: Any, ref: Any) -> Any:
+    """This rank's shard of the full tensor ``value``, placed as ``ref`` (no communication:
+    every rank has read the whole checkpoint); ``value`` unchanged when ``ref`` is not a
+    DTensor or the shapes differ (a scalar ``step``)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if (isinstance(ref, DTensor) and isinstance(value, torch.Tensor)
+            and not isinstance(value, DTensor) and tuple(value.shape) == tuple(ref.shape)):
+        return distribute_tensor(value.to(ref.dtype), ref.device_mesh, ref.placements,
+                                 src_data_rank=None)
+    return value
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def shard_model(model: nn.Module, blocks: Any, *, world_size: int, device: Any) -> nn.Module:
+    """Apply FSDP2's ``fully_shard`` to every block, then to the rest (the root unit).
+
+    Gradients are *summed* by its reduce-scatter (divide factor 1, plain SUM: gloo has no
+    pre-multiplied sum), so :meth:`~malleparsl.apps.step.Step.sync` divides by the global
+    batch once, as for every plan. Parameters must already be equal on every rank.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    units = [*(blocks or ()), model]
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    for unit in units:  # per unit: the root's setting does not reach the blocks' groups
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+class ShardedModel:
+    """An FSDP2 model's checkpoint state in the plain format (full tensors, the same keys).
+
+    Like a ZeRO optimizer it has ``collective_state``: :meth:`consolidate` (every rank) gathers
+    the parameters and keeps them on rank 0, whose :meth:`state_dict` then returns them;
+    :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard.
+    """
+
+    collective_state = True
+
+    def __init__(self, model: nn.Module, class_name: str) -> None:
+        self.model = model
+        self.class_name = class_name  # fully_shard renames the class (FSDPNet): the plain one
+        self._full: dict[str, Any] | None = None
+
+    def consolidate(self) -> None:
+        full = {k: _gathered(v).detach().clone() for k, v in self.model.state_dict().items()}
+        self._full = full if _rank() == 0 else None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._full is None:
+            raise SpecError("ShardedModel.state_dict(): call consolidate() on every rank first")
+        return self._full
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        own = self.model.state_dict()
+        if set(own) != set(state):
+            raise SpecError(f"state dict keys differ: missing {sorted(set(own) - set(state))}, "
+                            f"unexpected {sorted(set(state) - set(own))}")
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            for k, v in own.items():
+                part = _shard_like(state[k], v)
+                local = v.to_local() if isinstance(v, DTensor) else v
+                local.copy_(part.to_local() if isinstance(part, DTensor) else part)
+
+    def checkpoint_layout(self) -> list[str]:
+        """The plain model's layout (DTensors report their global shapes)."""
+        from malleparsl.apps.checkpoint import _leaf_layout
+
+        out = [f"class:{self.class_name}"]
+        _leaf_layout("", self.model.state_dict(), out)
+        return out
+
+
 def set_checkpointing(blocks: Any, on: bool) -> None:
     """Recompute each block in the backward pass (``on``) or keep its activations.
 
@@ -60,24 +154,33 @@ def set_checkpointing(blocks: Any, on: bool) -> None:
 
 
 class PlanOptimizer:
-    """An optimizer run plainly or sharded (ZeRO-1), with one portable checkpoint format.
+    """An optimizer run plainly or sharded (ZeRO-1, or over FSDP2's sharded parameters), with
+    one portable checkpoint format.
 
-    ``state_dict()`` is the plain optimizer's; under ZeRO it needs :meth:`consolidate` on every
-    rank first (``TrainContext.save`` does that for objects with ``collective_state``).
+    ``state_dict()`` is the plain optimizer's; when sharded it needs :meth:`consolidate` on
+    every rank first (``TrainContext.save`` does that for objects with ``collective_state``).
     """
 
-    def __init__(self, params: Any, optimizer_class: type, *, zero: bool, **kwargs: Any) -> None:
+    def __init__(self, params: Any, optimizer_class: type, *, zero: bool, fsdp: bool = False,
+                 **kwargs: Any) -> None:
         import torch.distributed as dist
 
         params = list(params)
-        self.zero = bool(zero) and dist.is_initialized() and dist.get_world_size() > 1
-        self.collective_state = self.zero
+        multi = dist.is_initialized() and dist.get_world_size() > 1
+        self.zero = bool(zero) and multi
+        self.fsdp = bool(fsdp) and multi  # params are DTensor shards; so is the state
+        self.collective_state = self.zero or self.fsdp
+        self._full: dict[str, Any] | None = None
         if self.zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             self.opt = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **kwargs)
         else:
             self.opt = optimizer_class(params, **kwargs)
+
+    @property
+    def sharded(self) -> bool:
+        return self.zero or self.fsdp
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -96,11 +199,26 @@ class PlanOptimizer:
         """Collective: gather the sharded state on rank 0 (no-op when not sharded)."""
         if self.zero:
             self.opt.consolidate_state_dict(to=0)
+        elif self.fsdp:
+            sd = self.opt.state_dict()
+            full = {i: {k: _gathered(v).detach().clone() for k, v in st.items()}
+                    for i, st in sd["state"].items()}
+            self._full = {"state": full, "param_groups": sd["param_groups"]} if _rank() == 0 \
+                else None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.opt.state_dict()
+        if not self.fsdp:
+            return self.opt.state_dict()
+        if self._full is None:
+            raise SpecError("PlanOptimizer.state_dict(): call consolidate() on every rank first")
+        return self._full
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.fsdp:  # keep this rank's shard of every full state tensor
+            params = [p for g in self.opt.param_groups for p in g["params"]]
+            state = {**state, "state": {
+                i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()}
+                for i, st in state["state"].items()}}
         self.opt.load_state_dict(state)
 
 
@@ -144,8 +262,16 @@ def prepare(
     model = model.to(ctx.device)
     if blocks is not None:
         set_checkpointing(blocks, plan.checkpoint)
-    opt = PlanOptimizer(model.parameters(), optimizer_class, zero=plan.zero, **optimizer_kwargs)
-    ctx.register(model=model, optimizer=opt)
+    fsdp = plan.fsdp and ctx.world_size > 1
+    state: Any = model
+    if fsdp:
+        for t in [*model.parameters(), *model.buffers()]:  # equal replicas before sharding
+            ctx.broadcast(t.data)
+        state = ShardedModel(model, type(model).__qualname__)
+        shard_model(model, blocks, world_size=ctx.world_size, device=ctx.device)
+    opt = PlanOptimizer(model.parameters(), optimizer_class, zero=plan.zero, fsdp=fsdp,
+                        **optimizer_kwargs)
+    ctx.register(model=state, optimizer=opt)
     if guard is not None:
         opt.register_step_post_hook(guard.after_step)
     return model, opt
@@ -222,6 +348,8 @@ def profile_memory(
         return t
 
     handles = []
+    blocks = list(blocks)
+    in_blocks = [sum(p.numel() for p in blk.parameters()) for blk in blocks]  # FSDP units
     for i, blk in enumerate(blocks):
         def pre(_m: Any, args: Any, i: int = i) -> None:
             nonlocal block_inputs
@@ -253,4 +381,5 @@ def profile_memory(
         buffers=float(sum(b.numel() * b.element_size() for b in model.buffers())),
         grad_transient_per_sample=2 * largest[0] / n,
         zero_overhead=zero_overhead,
+        unit_params=max([*in_blocks, sum(p.numel() for p in params) - sum(in_blocks)]),
     )

@@ -1,7 +1,8 @@
 """``Step``: one optimizer step of a malleable job, and its size-independent gradient sync.
 
 Each rank back-propagates the *summed* per-sample loss of its micro-batches; :meth:`Step.sync`
-then all-reduces every gradient and the loss in one flat SUM and divides by the global batch.
+then all-reduces every gradient and the loss in one flat SUM and divides by the global batch
+(under FSDP2 the gradients arrive summed and sharded from backward's reduce-scatter).
 The result is the mean gradient over the same global batch at any job size (see
 :mod:`malleparsl.apps.sharding`), which is what makes a rescaled run reproduce an unrescaled
 one.
@@ -47,10 +48,20 @@ class Step:
         (a rank with no samples this step) contribute zeros.
         """
         import torch
+        from torch.distributed.tensor import DTensor
 
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise SpecError("step.sync(model): the model has no trainable parameters")
+        if any(isinstance(p, DTensor) for p in params):
+            # FSDP2: backward already reduce-scattered the summed gradients (divide factor 1,
+            # see apps.plans.shard_model); only the loss is all-reduced, one division each
+            loss = torch.tensor([self.loss_sum], dtype=torch.float64)
+            self.ctx.all_reduce(loss)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(self.sampler.global_batch)
+            return float(loss[0]) / self.sampler.global_batch
         dtype = params[0].dtype
         flat = torch.cat(
             [

@@ -7,7 +7,11 @@ is its execution plan, and the plan may change at every rescale:
 * ``ckpt``: activation checkpointing, only block inputs are kept in the forward pass and each
   block is recomputed in the backward pass (about one more forward);
 * ``zero1``: ZeRO stage 1, the optimizer state is sharded across the ranks;
-* ``zero1+ckpt``: both.
+* ``zero1+ckpt``: both;
+* ``fsdp`` (``fsdp+ckpt``): torch's FSDP2 ``fully_shard``, parameters, gradients and optimizer
+  state sharded across the ranks, each unit's parameters all-gathered for its forward and
+  backward. Opt-in (``plans=[..., "fsdp"]``): it needs the global batch to split evenly over the
+  ranks (every rank must run as many forward/backward passes: its collectives are inside them).
 
 Each may add gradient accumulation: ``name@mb=8`` runs micro-batches of at most 8 samples.
 This module is torch-free (the allocator, the driver and the simulator use it); the apps layer
@@ -24,6 +28,11 @@ bytes per sample kept for the backward pass without/with checkpointing)::
                             + m * (A_ckpt if ckpt else A) + m * G_t   (activation gradients)
     gradient sync peak    = persistent + w P      (the flat all-reduce buffer)
     optimizer step peak   = persistent + t w P / (n if zero1 else 1)   (t: step temporaries)
+
+    under fsdp: parameters, gradients, optimizer state and temporaries / n, no flat buffer,
+    and the forward/backward peak adds 4 w U (U: the largest unit's params): in a unit's
+    backward, its all-gathered parameters, the next unit's (prefetched), its unsharded
+    gradients and their copy in the reduce-scatter input buffer
     peak = max(the three)
 
 >>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
@@ -46,17 +55,27 @@ from typing import Any
 
 from malleparsl.errors import MalleparslError, SpecError, unknown_name
 
-BASES = {"dp": (False, False), "ckpt": (True, False), "zero1": (False, True),
-         "zero1+ckpt": (True, True)}
-"""Plan families: name -> (activation checkpointing, ZeRO-1 sharding)."""
+BASES = {"dp": (False, False, False), "ckpt": (True, False, False),
+         "zero1": (False, True, False), "zero1+ckpt": (True, True, False),
+         "fsdp": (False, False, True), "fsdp+ckpt": (True, False, True)}
+"""Plan families: name -> (activation checkpointing, ZeRO-1 sharding, FSDP2 sharding)."""
 
 FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt")
-"""What a job may be allowed to run (option ``plans``): ``dp`` is plain data parallelism (one
-pass per step), ``accum`` adds micro-batches to it, the others may use micro-batches too."""
+"""What a job may run unless it says otherwise (option ``plans``): ``dp`` is plain data
+parallelism (one pass per step), ``accum`` adds micro-batches to it, the others may use
+micro-batches too."""
+
+KNOWN_FAMILIES = (*FAMILIES, "fsdp", "fsdp+ckpt")
+"""Every family a job may list in ``plans``. FSDP2 is opt-in: it runs only where the global
+batch splits evenly, and the simulator's plan costs (and its figures) do not model it."""
 
 ZERO_GLOO_OVERHEAD = 1.3
 """Parameter copies torch's ZeroRedundancyOptimizer keeps resident beyond the model on CPU with
 gloo (measured 1.07-1.67 at 2-3 ranks; not root-caused). Accelerator profiles use 0."""
+
+
+FSDP_UNIT_COPIES = 4
+"""Unsharded copies of one FSDP2 unit alive at its backward (see the module docstring)."""
 
 
 class MemoryBudgetError(MalleparslError, RuntimeError):
@@ -70,10 +89,20 @@ class ExecPlan:
     checkpoint: bool = False
     zero: bool = False
     micro_batch: int | None = None  # None: the whole local batch in one pass
+    fsdp: bool = False  # FSDP2: parameters, gradients and optimizer state sharded
+
+    def __post_init__(self) -> None:
+        if self.zero and self.fsdp:
+            raise SpecError("a plan shards with ZeRO-1 or with FSDP2, not both")
 
     @property
     def base(self) -> str:
-        return {v: k for k, v in BASES.items()}[(self.checkpoint, self.zero)]
+        return {v: k for k, v in BASES.items()}[(self.checkpoint, self.zero, self.fsdp)]
+
+    @property
+    def sharded(self) -> bool:
+        """Some state is split across the ranks (ZeRO-1 or FSDP2): needs 2 ranks or more."""
+        return self.zero or self.fsdp
 
     @property
     def name(self) -> str:
@@ -100,8 +129,8 @@ def parse_plan(name: str | ExecPlan | None) -> ExecPlan:
         if key != "mb" or not val.isdigit() or int(val) < 1:
             raise SpecError(f"plan {name!r}: write '{base}@mb=N' with an integer N >= 1")
         mb = int(val)
-    ckpt, zero = BASES[base]
-    return ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=mb)
+    ckpt, zero, fsdp = BASES[base]
+    return ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=mb, fsdp=fsdp)
 
 
 @dataclass(frozen=True)
@@ -122,6 +151,7 @@ class MemoryProfile:
     buffers: float = 0.0
     grad_transient_per_sample: float = 0.0  # gradients of activations alive in the backward pass
     zero_overhead: float = 0.0  # parameter copies ZeRO-1 keeps beyond the model (gloo: 1.3)
+    unit_params: float = 0.0  # params of the largest FSDP unit (a block or the rest); 0: all
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -162,23 +192,37 @@ def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: in
     if n < 1 or global_batch < 1:
         raise SpecError(f"need n >= 1 and global_batch >= 1, got {n!r}, {global_batch!r}")
     wp = float(prof.bytes_per_param * prof.params)
-    shard = n if plan.zero else 1
+    shard = n if plan.sharded else 1
     local = local_batch(global_batch, n)
     mb = min(local, plan.micro_batch or local)
     kept = prof.act_ckpt_per_sample if plan.checkpoint else prof.act_per_sample
     act = mb * (kept + prof.grad_transient_per_sample)
     opt = prof.opt_states * wp / shard
     temps = prof.opt_temps * wp / shard
-    comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # see ZERO_GLOO_OVERHEAD
-    persistent = 2 * wp + opt + prof.buffers + comm
-    fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
-    peak = max(fwd_bwd, persistent + wp, persistent + temps)
-    return PlanMemory(wp, wp, opt, act, prof.buffers, wp, temps, comm, mb, peak)
+    if plan.fsdp and n > 1:
+        unit = prof.bytes_per_param * (prof.unit_params or prof.params)
+        params = grads = wp / n
+        # backward of one unit: its gathered parameters, the next unit's (prefetched), its
+        # unsharded gradients and their copy in the reduce-scatter input buffer
+        comm = FSDP_UNIT_COPIES * unit
+        sync = 0.0  # gradients are reduce-scattered inside backward
+        persistent = params + grads + opt + prof.buffers
+        fwd_bwd = persistent - (grads if mb >= local else 0.0) + comm + act
+    else:
+        params = grads = sync = wp
+        comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # ZERO_GLOO_OVERHEAD
+        persistent = 2 * wp + opt + prof.buffers + comm
+        fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
+    peak = max(fwd_bwd, persistent + sync, persistent + temps)
+    return PlanMemory(params, grads, opt, act, prof.buffers, sync, temps, comm, mb, peak)
 
 
 def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIES) -> list[ExecPlan]:
-    """Every plan worth trying at ``n`` ranks from the allowed ``FAMILIES``: micro-batches of
-    the local batch halved down to 1 (a micro-batch no larger than needed)."""
+    """Every plan worth trying at ``n`` ranks from the allowed families: micro-batches of the
+    local batch halved down to 1 (a micro-batch no larger than needed). Sharded plans need 2
+    ranks; FSDP2 also a global batch that splits evenly (equal local batches, so every rank
+    runs as many passes: each pass holds collectives, and an extra one on one rank would hang
+    the others)."""
     local = local_batch(global_batch, n)
     mbs: list[int | None] = [None]
     m = local
@@ -187,13 +231,15 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
         mbs.append(m)
     out = []
     for b in bases:
-        if b not in FAMILIES:
-            raise unknown_name("plan family", b, FAMILIES)
-        ckpt, zero = BASES["dp" if b == "accum" else b]
-        if zero and n == 1:
+        if b not in KNOWN_FAMILIES:
+            raise unknown_name("plan family", b, KNOWN_FAMILIES)
+        ckpt, zero, fsdp = BASES["dp" if b == "accum" else b]
+        if (zero or fsdp) and n == 1:
             continue  # nothing to shard over
+        if fsdp and global_batch % n:
+            continue  # uneven local batches: unequal passes would deadlock FSDP2's collectives
         sizes = [None] if b == "dp" else mbs[1:] if b == "accum" else mbs
-        out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x) for x in sizes]
+        out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x, fsdp=fsdp) for x in sizes]
     return out
 
 
@@ -222,8 +268,8 @@ class PlanOptions:
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise SpecError(f"ranks_per_node must be an integer >= 1, got {r!r}")
         for b in self.bases:
-            if b not in FAMILIES:
-                raise unknown_name("plan family", b, FAMILIES)
+            if b not in KNOWN_FAMILIES:
+                raise unknown_name("plan family", b, KNOWN_FAMILIES)
 
     def ranks(self, nodes: int) -> int:
         return nodes * self.ranks_per_node
@@ -254,7 +300,8 @@ class PlanOptions:
             raise MemoryBudgetError(
                 f"no plan among {list(self.bases)} can run at {nodes} node(s) of "
                 f"{self.ranks_per_node} rank(s) with global_batch={self.global_batch} (zero1 "
-                "needs 2 ranks or more, accum a local batch of 2 samples or more); allow more "
+                "needs 2 ranks or more, fsdp 2 or more that split the global batch evenly, "
+                "accum a local batch of 2 samples or more); allow more "
                 "plans (plans=[...]) or change min_nodes/max_nodes"
             )
         best = min(cands, key=lambda p: self.node_peak(p, nodes))

@@ -7,9 +7,12 @@ batch, ``k``: micro-batches per step, ``P``: parameters, ``W = w P`` gradient by
     t(p, n) = c L                       compute (forward + backward) per sample
             + c_r L [ckpt]              recomputation of checkpointed blocks
             + o k                       per micro-batch overhead (kernel launches, Python)
-            + u P / (n if zero1 else 1) optimizer step over the parameters this rank owns
+            + u P / (n if sharded else 1)  optimizer step over the parameters this rank owns
             + g W (2 (n-1)/n + [zero1] (n-1)/n)   ring all-reduce, then the ZeRO broadcast
             + l log2(n)                 collective latency
+
+and under FSDP2 (``fsdp``), whose every pass gathers the parameters twice (forward, backward)
+and reduce-scatters the gradients, the last two terms are ``g W 3 k (n-1)/n + l 3 k log2(n)``.
 
 Linear in its six coefficients, it is fitted like the JPA's curve models: non-negative least
 squares on relative errors (:func:`fit_perf`), pulled towards a prior (:meth:`PlanPerfModel.default`)
@@ -69,10 +72,11 @@ def features(prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int) -> 
     k = math.ceil(loc / mb)
     w = float(prof.bytes_per_param * prof.params)
     frac = (n - 1) / n
-    comm = w * (2 * frac + (frac if plan.zero else 0.0))
+    rounds = 3 * k if plan.fsdp else 1  # collectives on the critical path, per step
+    comm = w * (3 * k * frac if plan.fsdp else 2 * frac + (frac if plan.zero else 0.0))
     return np.array([
         loc, loc if plan.checkpoint else 0.0, k,
-        prof.params / (n if plan.zero else 1), comm, math.log2(n),
+        prof.params / (n if plan.sharded else 1), comm, rounds * math.log2(n),
     ], dtype=float)
 
 
@@ -268,17 +272,21 @@ class JobPlans:
         self._costs[n_max] = (self.version, costs)
         return costs
 
+    def cost_vs_dp(self, plan: ExecPlan, nodes: int) -> float:
+        """The model's step time of ``plan`` at ``nodes`` over plain data parallelism's there
+        (the one plan-over-DP ratio: :meth:`plan_cost` takes it for the best feasible plan,
+        :meth:`PlanProfiler.dp_equivalent` for the plan that ran)."""
+        n, gb = self.opts.ranks(nodes), self.opts.global_batch
+        return self.model.step_time(plan, n=n, global_batch=gb) / self.model.step_time(
+            ExecPlan(), n=n, global_batch=gb)
+
     def plan_cost(self, nodes: int) -> float | None:
-        """Step time of the best feasible plan at ``nodes`` over plain data parallelism's
-        (1 where DP fits and is fastest, above 1 where only slower plans fit; None where no
-        plan fits): the factor a plan-free curve's rate is divided by to become plan-aware
-        (what the simulator's ``MeasuredPlusPlanCosts`` adds)."""
+        """:meth:`cost_vs_dp` of the best feasible plan at ``nodes`` (1 where DP fits and is
+        fastest, above 1 where only slower plans fit; None where no plan fits): the factor a
+        plan-free curve's rate is divided by to become plan-aware (what the simulator's
+        ``MeasuredPlusPlanCosts`` adds)."""
         got = best_feasible(self.model, self.opts, nodes)
-        if got is None:
-            return None
-        dp = self.model.step_time(ExecPlan(), n=self.opts.ranks(nodes),
-                                  global_batch=self.opts.global_batch)
-        return got[1] / dp
+        return None if got is None else self.cost_vs_dp(got[0], nodes)
 
     def curve(self, n_max: int, *, name: str = "") -> PlanCurve:
         """The plan-aware curve up to ``n_max`` nodes (cached until the next reading)."""
@@ -343,9 +351,7 @@ class PlanProfiler(PlanAdvisor):
         jp = self.jobs.get(job_id)
         if jp is None:
             return samples_per_s
-        n, gb = jp.opts.ranks(n_nodes), jp.opts.global_batch
-        ratio = jp.model.step_time(plan, n=n, global_batch=gb) / jp.model.step_time(
-            ExecPlan(), n=n, global_batch=gb)
+        ratio = jp.cost_vs_dp(plan, n_nodes)
         return samples_per_s * ratio if ratio > 0 and math.isfinite(ratio) else samples_per_s
 
     def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:

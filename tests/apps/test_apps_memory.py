@@ -1,7 +1,8 @@
 """The memory model against measured peak memory on CPU, and the node budget's enforcement.
 
 Peaks are read from the kernel (VmHWM, reset through /proc/self/clear_refs) in fresh processes
-whose large tensors are mmap-ed (see malleparsl.apps.memory); ZeRO-1 runs 2 real gloo ranks.
+whose large tensors are mmap-ed (see malleparsl.apps.memory); ZeRO-1 and FSDP2 run 2 real gloo
+ranks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ MIB = 2**20
 pytestmark = pytest.mark.slow  # fresh processes and 2k-sample steps: ~9 min on a loaded machine
 
 
-@pytest.mark.parametrize("plan,n", [("dp", 1), ("dp@mb=256", 1), ("ckpt", 1), ("zero1", 2)])
+@pytest.mark.parametrize("plan,n", [("dp", 1), ("dp@mb=256", 1), ("ckpt", 1), ("zero1", 2),
+                                    ("fsdp", 2)])
 def test_memory_model_within_15_percent_of_measured_peak(plan, n) -> None:
     row = measure_plan(PlanCase(plan=plan, n=n, width=256, depth=8, global_batch=2048, steps=2))
     print(row)

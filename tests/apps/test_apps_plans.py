@@ -2,7 +2,8 @@
 
 Every plan gives the loss trajectory of plain data parallelism for the same global batch, also
 when the plan changes at a rescale (grow 1 -> 3 and shrink 3 -> 1), and a checkpoint written
-under one plan restores under any other at any size (ZeRO-1's shards are consolidated first).
+under one plan restores under any other at any size (ZeRO-1's and FSDP2's shards are
+consolidated first).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import torch
 
 from malleparsl.apps.examples_plans import train_blocks
 from malleparsl.apps.local_runner import LocalRunner
-from malleparsl.plans import parse_plan
+from malleparsl.errors import SpecError
+from malleparsl.plans import candidate_plans, parse_plan
 
 STEPS = 24
 TOL = 1e-4
@@ -51,12 +53,13 @@ def _close(hist, base):
 
 @pytest.mark.parametrize("plan,size", [
     ("dp@mb=5", 1), ("ckpt", 1), ("ckpt@mb=7", 3), ("zero1", 3), ("zero1+ckpt@mb=4", 2),
+    ("fsdp", 3), ("fsdp+ckpt@mb=5", 2),
 ])
 def test_every_plan_matches_data_parallel_trajectory(runner, baseline, plan, size) -> None:
     hist = _run(runner, [(size, None, plan)], job_id=f"plans-{plan}-{size}".replace("@", "_").replace("=", ""))  # a safe name
     _close(hist, baseline)
     assert {h["plan"] for h in hist} == {plan}
-    assert {h["sharded"] for h in hist} == {parse_plan(plan).zero and size > 1}
+    assert {h["sharded"] for h in hist} == {parse_plan(plan).sharded and size > 1}
 
 
 def test_grow_and_shrink_with_plan_switches_match_unswitched_run(runner, baseline) -> None:
@@ -65,6 +68,54 @@ def test_grow_and_shrink_with_plan_switches_match_unswitched_run(runner, baselin
     _close(hist, baseline)
     ran = [(h["world_size"], h["plan"]) for h in hist]
     assert ran[0] == (1, "ckpt@mb=6") and (3, "zero1") in ran and ran[-1] == (1, "zero1+ckpt@mb=8")
+
+
+def test_fsdp_checkpoints_restore_under_dp_and_zero1_at_other_sizes_and_back(runner,
+                                                                           baseline) -> None:
+    """FSDP2 <-> plain DP (1 rank) and ZeRO-1 (2 ranks), each switch through a checkpoint.
+
+    Also what catches a gradient off by a constant factor (an FSDP2 unit still averaging):
+    Adam is blind to that from step 0, not once it resumes another plan's moments.
+    """
+    hist = _run(runner, [(1, 6, "dp@mb=6"), (3, 12, "fsdp"), (2, 18, "zero1"),
+                         (3, 21, "fsdp+ckpt@mb=8"), (1, None, "dp")], job_id="plans-fsdp-switch")
+    _close(hist, baseline)
+    ran = [(h["world_size"], h["plan"]) for h in hist]
+    for want in [(1, "dp@mb=6"), (3, "fsdp"), (2, "zero1"), (3, "fsdp+ckpt@mb=8"), (1, "dp")]:
+        assert want in ran
+
+
+def test_fsdp_checkpoint_is_the_plain_model_and_optimizer(runner) -> None:
+    """A checkpoint written by 3 FSDP2 ranks holds full tensors under the plain names."""
+    from malleparsl.apps.checkpoint import CheckpointStore, state_layout
+    from malleparsl.apps.examples_plans import BlockMLP
+
+    job = "plans-fsdp-ckpt"
+    rep = runner.run(train_blocks, schedule=[(3, 5)], job_id=job, options={"plan": "fsdp"},
+                     total_steps=STEPS)
+    assert not rep.finished
+    step, payload = CheckpointStore(directory=runner.ckpt_root / job).load_latest()
+    assert step >= 5
+    model = BlockMLP()
+    model.load_state_dict(payload["state"]["model"])  # strict: same keys, full shapes
+    assert payload["layout"]["model"] == state_layout(model)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    opt.load_state_dict(payload["state"]["optimizer"])
+    assert len(opt.state) == len(list(model.parameters()))
+    for p in model.parameters():
+        assert opt.state[p]["exp_avg"].shape == p.shape and int(opt.state[p]["step"]) == step
+
+
+def test_fsdp_runs_only_where_the_global_batch_splits_evenly(runner) -> None:
+    """Unequal local batches would give ranks unequal passes and hang FSDP2's collectives:
+    the plan is not a candidate there, and forcing it is a clear error, not a hang."""
+    assert candidate_plans(48, 3, bases=["fsdp"]) and candidate_plans(48, 2, bases=["fsdp"])
+    assert candidate_plans(47, 3, bases=["fsdp", "fsdp+ckpt"]) == []
+    assert candidate_plans(48, 1, bases=["fsdp"]) == []  # nothing to shard over
+    assert candidate_plans(47, 3, bases=["zero1"])  # ZeRO-1 takes uneven splits
+    with pytest.raises(SpecError, match="split evenly"):
+        runner.run(train_blocks, schedule=[(3, None)], job_id="plans-fsdp-uneven",
+                   options={"plan": "fsdp"}, total_steps=2, global_batch=47)
 
 
 def test_zero1_checkpoint_is_consolidated_and_loads_in_plain_optimizer(runner, tmp_path) -> None:

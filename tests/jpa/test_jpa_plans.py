@@ -271,3 +271,40 @@ def test_sizes_with_no_plan_are_out_of_the_view_and_bad_sizes_raise_clearly() ->
     # a plan runs at 1..3 nodes, but min_nodes=4 leaves no size: refused at submit, not at launch
     with pytest.raises(MemoryBudgetError, match=r"runs at any size from 4 to max_nodes=8.*1\.\.3"):
         spec_from_options({**acc, "min_nodes": 4})
+
+
+def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
+    """110 MiB a node: ZeRO-1 never fits (parameters and gradients alone are 80 MB, its sync
+    buffer 40 more); FSDP2 shards those too (2 ranks: 80 MB persistent, 4 copies of a 2 MB
+    unit, the optimizer step's 20 MB), so it is the plan from 2 nodes on, and only where the
+    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds)."""
+    from malleparsl.plans import FAMILIES
+
+    prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
+                         unit_params=500_000)
+    with_fsdp = (*FAMILIES, "fsdp", "fsdp+ckpt")
+    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
+                            n_max=8).min_nodes is None  # the default families: nothing fits
+    jp = JobPlans(PlanOptions(prof, 64, 110 * MIB, with_fsdp))
+    pc = jp.curve(8)
+    assert pc.min_nodes == 2 and pc.curve.rate(1) == 0.0
+    assert all(pc.plans[n].fsdp for n in (2, 4, 8)) and jp.choose(2).fsdp
+    assert 3 not in pc.plans and jp.plan_cost(3) is None  # 64 samples do not split over 3
+    assert jp.plan_cost(2) > 1.0  # slower than DP would be
+    assert jp.cost_vs_dp(jp.choose(2), 2) == jp.plan_cost(2)
+    assert min_nodes_for(PlanOptions(prof, 64, 110 * MIB, with_fsdp), 1, 8) == 2
+    roomy = JobPlans(PlanOptions(prof, 64, 160 * MIB, with_fsdp))
+    assert parse_plan("fsdp") in roomy.opts.feasible(2) and roomy.choose(2).zero
+    # live: the profiler hands the allocator that curve and the driver that plan
+    pol, profiler = Recording(), PlanProfiler()
+    ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=profiler)
+    ctl.add_nodes(["a", "b", "c", "d"], now_s=0)
+    ctl.submit(spec_from_options({
+        "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
+        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9,
+        "plans": list(with_fsdp)}), now_s=0)
+    ctl.replan(now_s=0)
+    view = pol.views[-1]["f"]
+    assert view.lo == 2 and view.curve.rate(3) == 0.0
+    got = len(ctl.allocation.nodes_of("f"))
+    assert got in (2, 4) and ctl.plan_for("f", got).fsdp

@@ -31,7 +31,9 @@ growing option, the running minimum of the horizons the job would get if it were
 (free nodes, then other jobs' nodes, longest first): the same one-constraint knapsack as
 ``milp``, hence as fast; :mod:`~malleparsl.allocator.milp` then undoes growth that the nodes
 actually placed do not repay. With finite ``total_samples`` a gain lasts at most
-``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains).
+``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains). With
+``exposure`` a grow whose first new node leaves before the job is done also pays
+``rescale_down_s x r(k)``, the shrink pause that departure will cause.
 
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
@@ -117,6 +119,7 @@ def build_options(
     max_levels: int = 8,
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
+    exposure: bool = False,
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
@@ -195,11 +198,17 @@ def build_options(
             # the gain lasts until the first new node leaves: running minimum along the pool
             pool = np.minimum.accumulate(np.concatenate([free_desc, others]))
             lasts = pool[np.minimum(gs - c, pool.size) - 1][None, :]
-        if horizon_aware and np.isfinite(j.spec.total_samples):
-            # a gain cannot outlast the job: it trains at most total_samples / r(k) seconds
-            with np.errstate(divide="ignore"):
-                lasts = np.minimum(lasts, (j.spec.total_samples / rates[gs])[None, :])
         pay = costs.rescale(gs, c, rates, up_s, down_s)[None, :]
+        total = j.spec.total_samples
+        if horizon_aware and np.isfinite(total):
+            # a gain cannot outlast the job: it trains at most total / r(k) seconds
+            with np.errstate(divide="ignore"):
+                job_h = (total / rates[gs])[None, :]
+            if exposure:  # the new nodes go before the job is done: a shrink pause then
+                pay = pay + np.where(job_h > lasts, down_s * rates[gs][None, :], 0.0)
+            lasts = np.minimum(lasts, job_h)
+        elif horizon_aware and exposure:
+            pay = pay + down_s * rates[gs][None, :]
         grid = w * (base + lasts * gain[None, :] - pay)
         avail = total_per - released[c]
         grid = np.where((gs[None, :] - c) <= avail[:, None], grid, -np.inf)
@@ -250,6 +259,7 @@ def horizon_objective(
     horizons: Mapping[NodeId, float],
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
+    exposure: bool = False,
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
@@ -262,12 +272,24 @@ def horizon_objective(
         pay = float(costs.rescale(np.array([k]), c, rates, j.spec.rescale_up_s, j.spec.rescale_down_s)[0])
         v = snapshot.tfwd_s * r(c)
         if k > c:
-            lasts = min(horizons[n] for n in new - cur)
-            if math.isfinite(j.spec.total_samples) and r(k) > 0:
-                lasts = min(lasts, j.spec.total_samples / r(k))
+            lasts, pay = grow_terms(j, k, r(k), min(horizons[n] for n in new - cur), pay,
+                                    exposure=exposure)
             v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
             v -= pay
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
+
+
+def grow_terms(
+    j: JobView, k: int, rk: float, nodes_h: float, pay: float, *, exposure: bool
+) -> tuple[float, float]:
+    """(How long a grow to ``k`` nodes pays, what it costs) for one concrete grow, as in
+    :func:`build_options`: the gain lasts until the first new node leaves or the job is done;
+    with ``exposure`` a grow whose nodes leave first also pays the shrink pause then."""
+    total = j.spec.total_samples
+    job_h = total / rk if math.isfinite(total) and rk > 0 else math.inf
+    if exposure and job_h > nodes_h:
+        pay += j.spec.rescale_down_s * rk
+    return min(nodes_h, job_h), pay

@@ -53,11 +53,28 @@ def test_exposure_charges_the_shrink_pause_when_the_new_node_leaves_first():
     assert make_policy("milp-horizon", exposure=True).allocate(snap, [short]).size("j") == 2
 
 
-def test_learn_hold_values_growth_over_how_long_grown_nodes_were_kept():
+def test_exposure_each_pays_one_pause_per_departure():
+    """Holding 1 node; free nodes leave at 50 s and 40 s. Grow to 2 (the 50 s node): 5,000 -
+    1,000 - one departure 2,000 = 2,000. Grow to 3 (gain until 40 s): 8,000 - 1,000 - 3,000
+    = 4,000 with one departure, 1,000 with two (``"each"``)."""
+    job = JobView(_holder(), LINEAR, frozenset({"a"}))
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b", "c"), node_end_s={"b": 50.0, "c": 40.0})
+    assert make_policy("milp-horizon", exposure="first").allocate(snap, [job]).size("j") == 3
+    assert make_policy("milp-horizon", exposure="each").allocate(snap, [job]).size("j") == 2
+
+
+@pytest.mark.parametrize("bad", [{"exposure": "all"}, {"learn_hold": "mode"}])
+def test_study_options_are_checked(bad):
+    with pytest.raises(SpecError):
+        make_policy("milp-horizon", **bad)
+
+
+@pytest.mark.parametrize("learn", [True, "mean", "median"])
+def test_learn_hold_values_growth_over_how_long_grown_nodes_were_kept(learn):
     """A grow onto a node idle for 1,000 s; the node is taken back after 5 s. Learnt, growth
     then pays over 5 s (gain 500 < pause 1,000): the next long-lived node is declined."""
     spec = _holder()
-    pol = make_policy("milp-horizon", learn_hold=True)
+    pol = make_policy("milp-horizon", learn_hold=learn)
     fixed = make_policy("milp-horizon")
     snap0 = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
     job0 = JobView(spec, LINEAR, frozenset({"a"}))

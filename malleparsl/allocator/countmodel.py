@@ -31,7 +31,10 @@ growing option, the running minimum of the horizons the job would get if it were
 (free nodes, then other jobs' nodes, longest first): the same one-constraint knapsack as
 ``milp``, hence as fast; :mod:`~malleparsl.allocator.milp` then undoes growth that the nodes
 actually placed do not repay. With finite ``total_samples`` a gain lasts at most
-``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains).
+``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains). With
+``exposure="first"`` a grow whose first new node leaves before the job is done also pays
+``rescale_down_s x r(k)``, the shrink pause that departure will cause; ``"each"`` pays it
+once per distinct departure time among the new nodes.
 
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
@@ -117,6 +120,7 @@ def build_options(
     max_levels: int = 8,
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
+    exposure: str = "none",
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
@@ -190,16 +194,25 @@ def build_options(
             continue
         gain = rates[gs] - rc
         lasts = np.broadcast_to(levels[:, None], (n_lev, gs.size))
+        pool = None
         if one_level:
             others = hvals[held_order[owner[held_order] != ji]]
             # the gain lasts until the first new node leaves: running minimum along the pool
             pool = np.minimum.accumulate(np.concatenate([free_desc, others]))
             lasts = pool[np.minimum(gs - c, pool.size) - 1][None, :]
-        if horizon_aware and np.isfinite(j.spec.total_samples):
-            # a gain cannot outlast the job: it trains at most total_samples / r(k) seconds
-            with np.errstate(divide="ignore"):
-                lasts = np.minimum(lasts, (j.spec.total_samples / rates[gs])[None, :])
         pay = costs.rescale(gs, c, rates, up_s, down_s)[None, :]
+        total = j.spec.total_samples
+        if horizon_aware and np.isfinite(total):
+            # a gain cannot outlast the job: it trains at most total / r(k) seconds
+            with np.errstate(divide="ignore"):
+                job_h = (total / rates[gs])[None, :]
+            if exposure != "none":  # the new nodes go before the job is done: shrink pauses
+                times = _departures(exposure, gs - c, pool, job_h[0])
+                pay = pay + np.where(job_h > lasts, times * down_s * rates[gs][None, :], 0.0)
+            lasts = np.minimum(lasts, job_h)
+        elif horizon_aware and exposure != "none":
+            times = _departures(exposure, gs - c, pool, None)
+            pay = pay + times * down_s * rates[gs][None, :]
         grid = w * (base + lasts * gain[None, :] - pay)
         avail = total_per - released[c]
         grid = np.where((gs[None, :] - c) <= avail[:, None], grid, -np.inf)
@@ -250,6 +263,7 @@ def horizon_objective(
     horizons: Mapping[NodeId, float],
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
+    exposure: str = "none",
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
@@ -262,12 +276,44 @@ def horizon_objective(
         pay = float(costs.rescale(np.array([k]), c, rates, j.spec.rescale_up_s, j.spec.rescale_down_s)[0])
         v = snapshot.tfwd_s * r(c)
         if k > c:
-            lasts = min(horizons[n] for n in new - cur)
-            if math.isfinite(j.spec.total_samples) and r(k) > 0:
-                lasts = min(lasts, j.spec.total_samples / r(k))
+            lasts, pay = grow_terms(j, k, r(k), [horizons[n] for n in new - cur], pay,
+                                    exposure=exposure)
             v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
             v -= pay
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
+
+
+def grow_terms(
+    j: JobView, k: int, rk: float, added_h: Sequence[float], pay: float, *, exposure: str
+) -> tuple[float, float]:
+    """(How long a grow to ``k`` nodes pays, what it costs) for one concrete grow, as in
+    :func:`build_options`: the gain lasts until the first new node leaves or the job is done;
+    with ``exposure`` a grow whose nodes leave first also pays the shrink pause(s) then."""
+    total = j.spec.total_samples
+    job_h = total / rk if math.isfinite(total) and rk > 0 else math.inf
+    nodes_h = min(added_h)
+    if exposure != "none" and job_h > nodes_h:
+        times = 1 if exposure == "first" else len({h for h in added_h if h < job_h})
+        pay += times * j.spec.rescale_down_s * rk
+    return min(nodes_h, job_h), pay
+
+
+def _departures(
+    exposure: str, added: np.ndarray, pool: np.ndarray | None, job_h: np.ndarray | None
+) -> np.ndarray | float:
+    """Shrink pauses a grow of ``added`` nodes exposes its job to: one (``"first"``), or
+    (``"each"``) one per distinct end time among the nodes it would take from ``pool`` (the
+    one-pool model's nodes, longest-lived first) that comes before the job is done; with
+    nested levels the nodes are not known, so one per node."""
+    if exposure == "first":
+        return 1.0
+    if pool is None:
+        return added.astype(float)
+    limit = np.full(added.size, np.inf) if job_h is None else job_h
+    m = np.minimum(added, pool.size)
+    return np.array(
+        [np.unique(pool[:mi][pool[:mi] < li]).size for mi, li in zip(m, limit)], dtype=float
+    )

@@ -60,8 +60,11 @@ FULL = [
 POLICIES = "hold,equal-share,greedy,milp,milp-node,milp-horizon"
 
 
-def run_case(case: Case, policies: list[str]) -> list[dict]:
-    """Simulate ``case`` under each policy and both bounds; one row per policy."""
+def run_case(case: Case, policies: list[str], options: dict | None = None) -> list[dict]:
+    """Simulate ``case`` under each policy and both bounds; one row per policy.
+
+    ``options`` go to every named policy (not to the bounds), as ``simulate``'s policy options.
+    """
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
     from malleparsl.sim.result import compare
@@ -82,7 +85,11 @@ def run_case(case: Case, policies: list[str]) -> list[dict]:
     tr = full.window(t0, t1)
     opts = SimOptions(max_active=case.max_active or None, semantics=case.semantics, seed=case.seed)
     names = policies + ["upper-bound-capped", "upper-bound"]
-    results = [simulate(tr, specs, policy=p, options=opts, history=full) for p in names]
+    results = [
+        simulate(tr, specs, policy=p, options=opts, history=full,
+                 policy_options=options if p in policies else None)
+        for p in names
+    ]
     rows = []
     for r in compare(results)[: len(policies)]:
         rows.append(
@@ -92,6 +99,7 @@ def run_case(case: Case, policies: list[str]) -> list[dict]:
                 "semantics": case.semantics,
                 "max_active": case.max_active,
                 "policy": r["policy"],
+                "options": options or {},
                 "samples": r["samples"],
                 "mean_jct_h": r["mean_jct_h"],
                 "last_finish_h": r["last_finish_h"],
@@ -113,10 +121,16 @@ def bench_decisions(
     quick: bool = typer.Option(False, "--quick", help="Small slices only (seconds)."),
     policy: str = typer.Option(POLICIES, help="Comma-separated policies."),
     cases: str = typer.Option("", help="Comma-separated case names (default: all of the mode)."),
+    option: list[str] = typer.Option(  # noqa: B008 - typer's way to declare a repeated option
+        [], "--option", help="KEY=VALUE option of the named policies (repeatable; e.g. "
+        "--policy milp-horizon --option learn_hold=median)."
+    ),
 ) -> None:
     """Samples, mean JCT and decision times of each policy on each case, with both bounds."""
     from rich.console import Console
     from rich.table import Table
+
+    from malleparsl.sim.bench_worst import _policy_options
 
     chosen = QUICK if quick else FULL
     if cases:
@@ -127,11 +141,12 @@ def bench_decisions(
             raise typer.BadParameter(f"unknown case(s) {bad}; known: {', '.join(sorted(known))}")
         chosen = [c for c in QUICK + FULL if c.name in want]
     names = [p.strip() for p in policy.split(",") if p.strip()]
+    options = _policy_options(option)
     table = Table(
         "case", "policy", "samples", "% capped", "% bound", "JCT h", "rescales", "ms med/p95/max"
     )
     for case in chosen:
-        for row in run_case(case, names):
+        for row in run_case(case, names, options):
             if json_out:
                 sys.stdout.write(json.dumps(row) + "\n")
                 sys.stdout.flush()

@@ -1,4 +1,5 @@
-"""``bench decisions --quick``: the default policy (``hold``) wins or ties every small case."""
+"""``bench decisions --quick``: ``hold`` wins or ties every small case (a regression guard for
+item 2 on small slices; the default policy is still ``milp``, see docs/allocator.md)."""
 
 import json
 
@@ -39,3 +40,14 @@ def test_default_policy_wins_or_ties_every_quick_case():
 def test_unknown_case_is_refused():
     res = runner.invoke(app, ["bench", "decisions", "--cases", "nope"])
     assert res.exit_code == 2 and "unknown case" in res.output
+
+
+def test_options_reach_the_named_policies_and_a_wrong_one_is_named():
+    case = ["bench", "decisions", "--quick", "--json", "--cases", "quick-imagenet-0:16-6h",
+            "--policy", "milp"]
+    res = runner.invoke(app, [*case, "--option", "tie_seed=3"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [(r["policy"], r["options"]) for r in rows] == [("milp", {"tie_seed": 3})]
+    res = runner.invoke(app, [*case, "--option", "tie_sed=3"])
+    assert res.exit_code != 0 and "tie_sed" in res.output

@@ -194,12 +194,13 @@ def build_options(
             continue
         gain = rates[gs] - rc
         lasts = np.broadcast_to(levels[:, None], (n_lev, gs.size))
-        pool = None
+        pool = None  # the nodes a grow would take, in order (their own horizons)
         if one_level:
             others = hvals[held_order[owner[held_order] != ji]]
+            pool = np.concatenate([free_desc, others])
             # the gain lasts until the first new node leaves: running minimum along the pool
-            pool = np.minimum.accumulate(np.concatenate([free_desc, others]))
-            lasts = pool[np.minimum(gs - c, pool.size) - 1][None, :]
+            first_out = np.minimum.accumulate(pool)
+            lasts = first_out[np.minimum(gs - c, pool.size) - 1][None, :]
         pay = costs.rescale(gs, c, rates, up_s, down_s)[None, :]
         total = j.spec.total_samples
         if horizon_aware and np.isfinite(total):

@@ -80,7 +80,8 @@ def programme(
     )
     hist = np.empty((nj, cap + 1))  # best before each job
     step = max(1, CHUNK_CELLS // (cap + 1))  # option rows per block: bounded memory
-    buf = np.empty((min(s + 1, step), cap + 1))
+    # rows of the largest option list (repeated weights may make it longer than s + 1)
+    buf = np.empty((min(max(len(v) for _, v in options), step), cap + 1))
     new, top = np.empty(cap + 1), np.empty(cap + 1)
     for i, (w, v) in enumerate(options):
         hist[i] = best

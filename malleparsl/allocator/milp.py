@@ -71,6 +71,9 @@ EXPOSURES = ("none", "first", "each")
 MIN_SOLVER_S = 0.05
 """The solver's time when the budget is nearly spent by building and reducing the model."""
 
+MIN_LEARNT_CAP_S = 1.0
+"""``learn_hold``: floor of the learnt horizon cap (0 s samples are real, a 0 s cap is not)."""
+
 
 @register_policy("milp")
 class MilpPolicy(AllocationPolicy):
@@ -197,6 +200,12 @@ class MilpPolicy(AllocationPolicy):
         if exposure not in EXPOSURES:
             raise SpecError(f"exposure must be one of {', '.join(EXPOSURES)}, got {exposure!r}")
         self.exposure = exposure
+        if not horizon and (learn_hold or exposure != "none"):
+            raise SpecError(
+                "learn_hold and exposure value grows over the nodes' horizons: use them with "
+                f"horizon=True (policy milp-horizon), got learn_hold={learn_hold!r}, "
+                f"exposure={exposure!r}"
+            )
         self._tie_rng = None if tie_seed is None else np.random.default_rng(tie_seed)
         self.last_result: SolveResult | None = None
         self.last_fallback = False
@@ -301,16 +310,19 @@ class MilpPolicy(AllocationPolicy):
         return alloc
 
     def _cap_s(self) -> float | None:
-        """The horizon cap: the fixed one, or (``learn_hold``) the mean time grown nodes were
-        kept so far in this run when that is shorter (none before the first is given back)."""
+        """The horizon cap: the fixed one, or (``learn_hold``) the mean or median time grown
+        nodes were kept so far in this run when that is shorter (none before the first is
+        given back). Floored at ``MIN_LEARNT_CAP_S``: nodes taken back at the instant they were
+        added give 0 s samples, and a cap must be positive."""
         cap = self.horizon_cap_s
         if self.learn_hold and self._kept_n:
-            mean = (
+            kept = (
                 self._kept_sum / self._kept_n
                 if self.learn_hold == "mean"
                 else float(np.median(self._kept))
             )
-            cap = mean if cap is None else min(cap, mean)
+            kept = max(kept, MIN_LEARNT_CAP_S)
+            cap = kept if cap is None else min(cap, kept)
         return cap
 
     def _observe_kept(self, now_s: float, jobs: Sequence[JobView]) -> None:

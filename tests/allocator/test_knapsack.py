@@ -44,3 +44,11 @@ def test_sparse_rows_in_any_order_tie_to_the_first_option():
     assert programme([(w[[0, 2, 1]], v)], 3)[0] == [1]
     assert programme([(w, v)], 2) == ([2], 5.0)
     assert programme([(np.array([2]), np.array([1.0]))], 1)[1] == -np.inf  # nothing fits
+
+
+def test_repeated_weights_make_more_options_than_sizes():
+    """Options are (weight, value) pairs: two at the same weight are allowed (the buffer was
+    sized by the largest weight and broke on such lists)."""
+    opts = [(np.array([0, 0, 1]), np.array([1.0, 2.0, 3.0])), (np.array([1, 1]), np.array([4.0, 5.0]))]
+    chosen, value = programme(opts, 5)
+    assert value == _brute(opts, 5) == 8.0 and chosen == [2, 1]

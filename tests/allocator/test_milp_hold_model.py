@@ -85,3 +85,47 @@ def test_learn_hold_values_growth_over_how_long_grown_nodes_were_kept(learn):
     job2 = JobView(spec, LINEAR, frozenset({"a"}))
     assert fixed.allocate(snap2, [job2]).size("j") == 2
     assert pol.allocate(snap2, [job2]).size("j") == 1
+
+
+def test_exposure_each_counts_every_departure_of_the_nodes_a_grow_takes():
+    """The one-pool model's pool is the free nodes, then other jobs' nodes: not sorted as one.
+    j holds a; b (free) leaves at 60 s, k's nodes at 50, 80 and 70 s. A grow to 3 takes b and
+    the 80 s node: two departures, two shrink pauses (10 s x 300/s each), as ``grow_terms``
+    counts them (the running minimum of the pool, 60 and 60, saw one)."""
+    from malleparsl.allocator.countmodel import build_options
+    from malleparsl.allocator.placement import node_horizons
+
+    def spec(name):
+        return JobSpec(name, max_nodes=8, rescale_up_s=10.0, rescale_down_s=10.0, curve=LINEAR)
+
+    j = JobView(spec("j"), LINEAR, frozenset({"a"}))
+    k = JobView(spec("k"), LINEAR, frozenset({"c", "d", "e"}))
+    ends = {"a": 1000.0, "b": 60.0, "c": 50.0, "d": 80.0, "e": 70.0}
+    snap = ClusterSnapshot(now_s=0.0, nodes=tuple(ends), node_end_s=ends)
+    h = node_horizons(snap, default_s=None, cap_s=None)
+
+    def value_at_3(exposure):
+        t = build_options(snap, [j, k], h, horizon_aware=True, max_levels=1, exposure=exposure)
+        (row,) = [i for i in range(len(t)) if t.job[i] == 0 and t.size[i] == 3]
+        return float(t.value[row])
+
+    assert value_at_3("first") - value_at_3("each") == pytest.approx(10.0 * 300.0)
+
+
+@pytest.mark.parametrize("opts", [{"exposure": "each"}, {"learn_hold": "median"}])
+def test_horizon_options_without_horizons_are_refused(opts):
+    """They value grows over the nodes' horizons; plain milp has none (silently ignored before)."""
+    with pytest.raises(SpecError, match="horizon"):
+        make_policy("milp", **opts)
+
+
+def test_learn_hold_survives_a_node_taken_back_at_the_instant_it_was_added():
+    """A 0 s kept sample gave a 0 s cap, which node_horizons refuses: the policy crashed."""
+    spec = _holder()
+    pol = make_policy("milp-horizon", learn_hold="mean")
+    snap0 = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
+    assert pol.allocate(snap0, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+    snap1 = ClusterSnapshot(now_s=0.0, nodes=("a",))  # "b" gone at the same instant
+    assert pol.allocate(snap1, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 1
+    snap2 = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 1000.0})
+    pol.allocate(snap2, [JobView(spec, LINEAR, frozenset({"a"}))])  # no SpecError

@@ -277,14 +277,19 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     """110 MiB a node: ZeRO-1 never fits (parameters and gradients alone are 80 MB, its sync
     buffer 40 more); FSDP2 shards those too (2 ranks: 80 MB persistent, 4 copies of a 2 MB
     unit, the optimizer step's 20 MB), so it is the plan from 2 nodes on, and only where the
-    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds)."""
+    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds).
+    FSDP2 is among the default families (a job that lists none gets it)."""
     from malleparsl.plans import FAMILIES
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
                          unit_params=500_000)
-    with_fsdp = (*FAMILIES, "fsdp", "fsdp+ckpt")
+    with_fsdp = FAMILIES
+    no_fsdp = tuple(b for b in FAMILIES if not b.startswith("fsdp"))
+    assert {"fsdp", "fsdp+ckpt"} <= set(FAMILIES)
     assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
-                            n_max=8).min_nodes is None  # the default families: nothing fits
+                            n_max=8, bases=no_fsdp).min_nodes is None  # without FSDP2: none fits
+    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
+                            n_max=8).min_nodes == 2  # the default families
     jp = JobPlans(PlanOptions(prof, 64, 110 * MIB, with_fsdp))
     pc = jp.curve(8)
     assert pc.min_nodes == 2 and pc.curve.rate(1) == 0.0
@@ -301,10 +306,10 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     ctl.add_nodes(["a", "b", "c", "d"], now_s=0)
     ctl.submit(spec_from_options({
         "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
-        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9,
-        "plans": list(with_fsdp)}), now_s=0)
+        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
     ctl.replan(now_s=0)
     view = pol.views[-1]["f"]
     assert view.lo == 2 and view.curve.rate(3) == 0.0
     got = len(ctl.allocation.nodes_of("f"))
     assert got in (2, 4) and ctl.plan_for("f", got).fsdp
+

@@ -313,3 +313,30 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     got = len(ctl.allocation.nodes_of("f"))
     assert got in (2, 4) and ctl.plan_for("f", got).fsdp
 
+
+def test_adjust_reuses_a_plan_jobs_view_until_a_reading_or_a_new_curve() -> None:
+    """``PlanProfiler.adjust`` runs at every replan; an unchanged job (same model version, same
+    size range, the curve advisor's same curve object) gets the curve built last time, a new
+    reading or a new advisor curve rebuilds it (with the new costs)."""
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.model import ScalingCurve
+
+    spec = spec_from_options({"job_id": "j", "min_nodes": 1, "max_nodes": 3,
+                              "memory_profile": PROF.as_dict(), "global_batch": 64,
+                              "node_memory_bytes": 160 * MIB, "total_samples": 1e9})
+    prof = PlanProfiler()
+    prof.register(spec, now_s=0)
+    snap = ClusterSnapshot(now_s=0, nodes=("a", "b", "c"))
+    base = ScalingCurve((1, 2, 3), (100.0, 190.0, 270.0))
+    first = prof.adjust(snap, [JobView(spec, base)])[0].curve
+    assert prof.adjust(snap, [JobView(spec, base)])[0].curve is first  # cache hit
+    jp = prof.jobs["j"]
+    for n, rate in ((2, 150.0), (3, 60.0)):  # the first reading at a size is a warm-up; the
+        for _ in range(2):  # first kept one scales the prior, the next (a slow 3) refits it
+            prof.observe("j", jp.choose(n), n, samples_per_s=rate, now_s=1)
+    after = prof.adjust(snap, [JobView(spec, base)])[0].curve
+    assert after is not first and after.rate(2) != pytest.approx(first.rate(2))  # missed: refit
+    assert after.rate(2) == pytest.approx(190.0 / jp.plan_cost(2))
+    assert prof.adjust(snap, [JobView(spec, base)])[0].curve is after
+    other = ScalingCurve((1, 2, 3), (100.0, 190.0, 270.0))  # equal, but a new advisor curve
+    assert prof.adjust(snap, [JobView(spec, other)])[0].curve is not after

@@ -10,8 +10,8 @@ is its execution plan, and the plan may change at every rescale:
 * ``zero1+ckpt``: both;
 * ``fsdp`` (``fsdp+ckpt``): torch's FSDP2 ``fully_shard``, parameters, gradients and optimizer
   state sharded across the ranks, each unit's parameters all-gathered for its forward and
-  backward. Opt-in (``plans=[..., "fsdp"]``): it needs the global batch to split evenly over the
-  ranks (every rank must run as many forward/backward passes: its collectives are inside them).
+  backward. Offered only where the global batch splits evenly over the ranks (every rank must
+  run as many forward/backward passes: its collectives are inside them).
 
 Each may add gradient accumulation: ``name@mb=8`` runs micro-batches of at most 8 samples.
 This module is torch-free (the allocator, the driver and the simulator use it); the apps layer
@@ -60,14 +60,14 @@ BASES = {"dp": (False, False, False), "ckpt": (True, False, False),
          "fsdp": (False, False, True), "fsdp+ckpt": (True, False, True)}
 """Plan families: name -> (activation checkpointing, ZeRO-1 sharding, FSDP2 sharding)."""
 
-FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt")
+FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt", "fsdp", "fsdp+ckpt")
 """What a job may run unless it says otherwise (option ``plans``): ``dp`` is plain data
 parallelism (one pass per step), ``accum`` adds micro-batches to it, the others may use
-micro-batches too."""
+micro-batches too. The performance model picks among those that fit: FSDP2's per-pass
+gathers make it the choice only where it fits and cheaper plans do not."""
 
-KNOWN_FAMILIES = (*FAMILIES, "fsdp", "fsdp+ckpt")
-"""Every family a job may list in ``plans``. FSDP2 is opt-in: it runs only where the global
-batch splits evenly, and the simulator's plan costs (and its figures) do not model it."""
+KNOWN_FAMILIES = FAMILIES
+"""Every family a job may list in ``plans`` (all of them are in the default set)."""
 
 ZERO_GLOO_OVERHEAD = 1.3
 """Parameter copies torch's ZeroRedundancyOptimizer keeps resident beyond the model on CPU with

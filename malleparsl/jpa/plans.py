@@ -229,6 +229,7 @@ class JobPlans:
         self.version = 0
         self._cache: dict[int, tuple[int, PlanCurve]] = {}
         self._costs: dict[int, tuple[int, list[float | None]]] = {}
+        self._views: dict[tuple[int, int], tuple[ScalingCurve, ScalingCurve]] = {}
         self._last: tuple[ExecPlan, int] | None = None
         self._skip = 0
 
@@ -271,6 +272,23 @@ class JobPlans:
         costs = [self.plan_cost(n) for n in range(1, n_max + 1)]
         self._costs[n_max] = (self.version, costs)
         return costs
+
+    def scaled_curve(self, base: ScalingCurve, n_max: int, *, name: str = "") -> ScalingCurve:
+        """``base``'s rate at 1..``n_max`` divided by :meth:`plan_costs` (0 where no plan fits).
+
+        Cached under (model version, ``n_max``) with the very ``base`` object it was built from:
+        the controller asks at every replan, and an unchanged job (no new reading, the curve
+        advisor's same curve) then costs nothing; a reading or a new curve rebuilds it."""
+        key = (self.version, n_max)
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is base:
+            return hit[1]
+        costs = self.plan_costs(n_max)
+        rates = tuple(0.0 if c is None else base.rate(n) / c for n, c in enumerate(costs, 1))
+        curve = ScalingCurve(tuple(range(1, n_max + 1)), rates, name=name)
+        self._views = {k: v for k, v in self._views.items() if k[0] == self.version}
+        self._views[key] = (base, curve)
+        return curve
 
     def cost_vs_dp(self, plan: ExecPlan, nodes: int) -> float:
         """The model's step time of ``plan`` at ``nodes`` over plain data parallelism's there
@@ -371,9 +389,7 @@ class PlanProfiler(PlanAdvisor):
             if not ok or ok[0] > v.hi:
                 out.append(v)
                 continue
-            rates = tuple(0.0 if c is None else v.curve.rate(n) / c
-                          for n, c in enumerate(costs, 1))
-            curve = ScalingCurve(tuple(range(1, n_max + 1)), rates, name=v.job_id)
+            curve = jp.scaled_curve(v.curve, n_max, name=v.job_id)
             lo = max(v.lo, ok[0])
             hi = v.hi if ok[-1] == n_max else max(lo, min(v.hi, ok[-1]))  # no plan above
             out.append(dataclasses.replace(v, curve=curve, min_nodes=lo, max_nodes=hi))

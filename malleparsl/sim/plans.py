@@ -11,7 +11,8 @@ gives a job set two ways:
   :func:`malleparsl.jpa.plans.plan_aware_curve` with :class:`MeasuredPlusPlanCosts`.
 
 A plan's rate is the measured data-parallel rate plus the plan's *extra* time per step from the
-performance model (recomputation, more micro-batches, ZeRO's broadcast), so plan-aware curves
+performance model (recomputation, more micro-batches, ZeRO's broadcast, FSDP2's per-pass
+gathers and reduce-scatters beyond DP's all-reduce), so plan-aware curves
 never beat data parallelism where it fits: ``rate_p(n) = G / (G / rate_dp(n) + extra_p(n))``.
 The allocator (the MILP) then plans with these curves, as it would live.
 
@@ -32,7 +33,7 @@ import numpy as np
 from malleparsl.errors import SpecError
 from malleparsl.jpa.plans import plan_aware_curve
 from malleparsl.model import JobSpec, ScalingCurve
-from malleparsl.plans import ExecPlan, MemoryProfile, PlanOptions, local_batch
+from malleparsl.plans import FAMILIES, ExecPlan, MemoryProfile, PlanOptions, local_batch
 from malleparsl.sim.result import SimResult
 
 SUMMIT_GPU_BYTES = 16 * 2**30
@@ -41,11 +42,19 @@ SUMMIT_GPU_BYTES = 16 * 2**30
 
 @dataclass(frozen=True, kw_only=True)
 class PlanCosts:
-    """What a plan costs beyond data parallelism, on accelerators (Summit-like defaults)."""
+    """What a plan costs beyond data parallelism, on accelerators (Summit-like defaults).
+
+    The terms are the live performance model's (:func:`malleparsl.jpa.plans.features`) minus
+    what the measured DP step already holds: ZeRO-1 adds a broadcast of ``W (n-1)/n`` bytes;
+    FSDP2 moves ``3 k W (n-1)/n`` bytes in ``3 k`` collective rounds per step (two all-gathers
+    and a reduce-scatter per pass) where DP moved ``2 W (n-1)/n`` in one. Savings (the sharded
+    optimizer step) are left out, so a plan never beats DP where DP fits.
+    """
 
     recompute_frac: float = 1 / 3  # one more forward: a third of forward + backward
     micro_batch_s: float = 0.004  # per extra micro-batch (launches, optimizer-free pass)
     link_bytes_per_s: float = 12.5e9  # EDR InfiniBand, 2 x 100 Gb/s per node
+    latency_s: float = 10e-6  # per extra collective round and log2(n) (a ring step over IB)
 
     def extra_s(self, prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int,
                 s_per_sample: float) -> float:
@@ -55,8 +64,12 @@ class PlanCosts:
         t = self.micro_batch_s * (k - 1)
         if plan.checkpoint:
             t += self.recompute_frac * s_per_sample * loc
+        w = prof.bytes_per_param * prof.params
         if plan.zero and n > 1:
-            t += (n - 1) / n * prof.bytes_per_param * prof.params / self.link_bytes_per_s
+            t += (n - 1) / n * w / self.link_bytes_per_s
+        if plan.fsdp and n > 1:
+            t += (3 * k - 2) * (n - 1) / n * w / self.link_bytes_per_s
+            t += (3 * k - 1) * math.log2(n) * self.latency_s
         return t
 
 
@@ -77,16 +90,17 @@ class MeasuredPlusPlanCosts:
 
 
 def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,
-                  dp_nodes: tuple[int, int]) -> MemoryProfile:
+                  dp_nodes: tuple[int, int], units: int = 8) -> MemoryProfile:
     """A model whose plain data parallelism needs ``dp_nodes[0]..dp_nodes[1]`` nodes: its
-    parameters take 30-60 % of the budget, its activations the rest several times over."""
+    parameters take 30-60 % of the budget, its activations the rest several times over. It is
+    ``units`` equal blocks (FSDP2 gathers one at a time; 8, as the measured BlockMLP)."""
     params = int(rng.uniform(0.3, 0.6) * budget / 20)  # 16 B/param persistent + 4 sync buffer
     free = budget - 20 * params
     need = int(rng.integers(dp_nodes[0], dp_nodes[1] + 1))
     act = free * need / global_batch * 0.97  # fits at `need` nodes, not at need - 1
     act = max(act, free * (need - 1) / global_batch * 1.03)
     return MemoryProfile(params=params, act_per_sample=act, act_ckpt_per_sample=act / 8,
-                         grad_transient_per_sample=act / 16)
+                         grad_transient_per_sample=act / 16, unit_params=params / units)
 
 
 def plan_jobsets(
@@ -98,8 +112,10 @@ def plan_jobsets(
     dp_nodes: tuple[int, int] = (4, 16),
     seed: int = 0,
     costs: PlanCosts | None = None,
+    bases: Sequence[str] = FAMILIES,
 ) -> tuple[list[JobSpec], list[JobSpec]]:
-    """``(dp_only, plan_aware)`` versions of ``jobs``; every ``large_every``-th job is large.
+    """``(dp_only, plan_aware)`` versions of ``jobs``; every ``large_every``-th job is large
+    and may run the plan families ``bases`` when plan-aware.
 
     Small jobs fit at one node under plain data parallelism and are the same in both sets.
     """
@@ -120,7 +136,7 @@ def plan_jobsets(
         dp_only.append(dataclasses.replace(spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta))
         pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts()),
                               global_batch=global_batch, budget=budget, n_max=spec.max_nodes,
-                              name=spec.job_id)
+                              bases=bases, name=spec.job_id)
         assert pc.curve is not None and pc.min_nodes is not None  # noqa: S101 - dp fits at n_dp
         aware.append(dataclasses.replace(
             spec, min_nodes=max(spec.min_nodes, pc.min_nodes), curve=pc.curve,

@@ -277,14 +277,19 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     """110 MiB a node: ZeRO-1 never fits (parameters and gradients alone are 80 MB, its sync
     buffer 40 more); FSDP2 shards those too (2 ranks: 80 MB persistent, 4 copies of a 2 MB
     unit, the optimizer step's 20 MB), so it is the plan from 2 nodes on, and only where the
-    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds)."""
+    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds).
+    FSDP2 is among the default families (a job that lists none gets it)."""
     from malleparsl.plans import FAMILIES
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
                          unit_params=500_000)
-    with_fsdp = (*FAMILIES, "fsdp", "fsdp+ckpt")
+    with_fsdp = FAMILIES
+    no_fsdp = tuple(b for b in FAMILIES if not b.startswith("fsdp"))
+    assert {"fsdp", "fsdp+ckpt"} <= set(FAMILIES)
     assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
-                            n_max=8).min_nodes is None  # the default families: nothing fits
+                            n_max=8, bases=no_fsdp).min_nodes is None  # without FSDP2: none fits
+    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
+                            n_max=8).min_nodes == 2  # the default families
     jp = JobPlans(PlanOptions(prof, 64, 110 * MIB, with_fsdp))
     pc = jp.curve(8)
     assert pc.min_nodes == 2 and pc.curve.rate(1) == 0.0
@@ -301,10 +306,37 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     ctl.add_nodes(["a", "b", "c", "d"], now_s=0)
     ctl.submit(spec_from_options({
         "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
-        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9,
-        "plans": list(with_fsdp)}), now_s=0)
+        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
     ctl.replan(now_s=0)
     view = pol.views[-1]["f"]
     assert view.lo == 2 and view.curve.rate(3) == 0.0
     got = len(ctl.allocation.nodes_of("f"))
     assert got in (2, 4) and ctl.plan_for("f", got).fsdp
+
+
+def test_adjust_reuses_a_plan_jobs_view_until_a_reading_or_a_new_curve() -> None:
+    """``PlanProfiler.adjust`` runs at every replan; an unchanged job (same model version, same
+    size range, the curve advisor's same curve object) gets the curve built last time, a new
+    reading or a new advisor curve rebuilds it (with the new costs)."""
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.model import ScalingCurve
+
+    spec = spec_from_options({"job_id": "j", "min_nodes": 1, "max_nodes": 3,
+                              "memory_profile": PROF.as_dict(), "global_batch": 64,
+                              "node_memory_bytes": 160 * MIB, "total_samples": 1e9})
+    prof = PlanProfiler()
+    prof.register(spec, now_s=0)
+    snap = ClusterSnapshot(now_s=0, nodes=("a", "b", "c"))
+    base = ScalingCurve((1, 2, 3), (100.0, 190.0, 270.0))
+    first = prof.adjust(snap, [JobView(spec, base)])[0].curve
+    assert prof.adjust(snap, [JobView(spec, base)])[0].curve is first  # cache hit
+    jp = prof.jobs["j"]
+    for n, rate in ((2, 150.0), (3, 60.0)):  # the first reading at a size is a warm-up; the
+        for _ in range(2):  # first kept one scales the prior, the next (a slow 3) refits it
+            prof.observe("j", jp.choose(n), n, samples_per_s=rate, now_s=1)
+    after = prof.adjust(snap, [JobView(spec, base)])[0].curve
+    assert after is not first and after.rate(2) != pytest.approx(first.rate(2))  # missed: refit
+    assert after.rate(2) == pytest.approx(190.0 / jp.plan_cost(2))
+    assert prof.adjust(snap, [JobView(spec, base)])[0].curve is after
+    other = ScalingCurve((1, 2, 3), (100.0, 190.0, 270.0))  # equal, but a new advisor curve
+    assert prof.adjust(snap, [JobView(spec, other)])[0].curve is not after

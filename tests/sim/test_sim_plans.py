@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from malleparsl.data import load_jobset
+from malleparsl.plans import parse_plan
 from malleparsl.sim.engine import simulate
 from malleparsl.sim.plans import mean_jct_all_h, plan_jobsets, unused_node_h
 from malleparsl.traces import trace_from_fragments
@@ -75,3 +76,40 @@ def test_bench_plans_simulator_options() -> None:
     assert row["plan_aware"]["unused_node_h"] <= row["dp_only"]["unused_node_h"]
     bad = runner.invoke(app, ["bench", "plans", "--no-cpu", "--sim-dp-nodes", "5:3"])
     assert bad.exit_code == 2 and "--sim-dp-nodes" in bad.output
+
+
+def test_fsdp_costs_its_gathers_and_runs_where_only_it_fits() -> None:
+    """A model whose parameters and Adam state fit a 16 GiB node only sharded by FSDP2 (DP and
+    ZeRO-1 keep a full copy of the gradients plus the sync buffer): the plan-aware curve runs it
+    from 2 nodes on ``fsdp``, at DP's measured step plus FSDP2's extra traffic, 3 W (n-1)/n bytes
+    in 3 rounds per pass instead of DP's one all-reduce of 2 W (n-1)/n; without FSDP2 no plan fits."""
+    import math
+
+    from malleparsl.jpa.plans import plan_aware_curve
+    from malleparsl.model import ScalingCurve
+    from malleparsl.plans import FAMILIES, MemoryProfile
+    from malleparsl.sim.plans import SUMMIT_GPU_BYTES, MeasuredPlusPlanCosts, PlanCosts
+
+    params = int(SUMMIT_GPU_BYTES / 12.6)  # at its sync DP needs 20 B a parameter, ZeRO-1
+    # 12 + 8 / n B (13 at 8 nodes), FSDP2 at its optimizer step 10 B at 2 nodes
+    prof = MemoryProfile(params=params, act_per_sample=1e6, act_ckpt_per_sample=1e5,
+                         unit_params=params / 8)
+    dp = ScalingCurve((1, 2, 4, 8), (100.0, 190.0, 360.0, 640.0))
+    costs = PlanCosts()
+    perf = MeasuredPlusPlanCosts(prof, dp, costs)
+    gb = 256
+    with_fsdp = plan_aware_curve(perf, global_batch=gb, budget=SUMMIT_GPU_BYTES, n_max=8,
+                                 bases=FAMILIES)
+    without = plan_aware_curve(perf, global_batch=gb, budget=SUMMIT_GPU_BYTES, n_max=8,
+                               bases=tuple(b for b in FAMILIES if not b.startswith("fsdp")))
+    assert without.curve is None and without.min_nodes is None
+    assert with_fsdp.min_nodes == 2 and with_fsdp.plans[2].name == "fsdp"
+    assert with_fsdp.curve is not None and with_fsdp.curve.rate(1) == 0.0
+    w = 4 * params
+    for n in (2, 4, 8):  # one pass a step (k = 1): one more W (n-1)/n, two more rounds
+        extra = (n - 1) / n * w / costs.link_bytes_per_s + 2 * math.log2(n) * costs.latency_s
+        assert with_fsdp.curve.rate(n) == pytest.approx(gb / (gb / dp.rate(n) + extra), rel=1e-9)
+    # with micro-batches every pass re-gathers: 3 k - 2 extra W (n-1)/n, 3 k - 1 extra rounds
+    t4 = perf.step_time(parse_plan("fsdp@mb=32"), n=2, global_batch=gb)
+    extra = (3 * 4 - 2) / 2 * w / costs.link_bytes_per_s + (3 * 4 - 1) * costs.latency_s
+    assert t4 == pytest.approx(gb / dp.rate(2) + 3 * costs.micro_batch_s + extra, rel=1e-9)

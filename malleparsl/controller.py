@@ -129,6 +129,12 @@ class PlanAdvisor(ABC):
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         """The plan ``job_id`` should run at ``n_nodes`` (None: the job has no plans)."""
 
+    def runnable_size(self, job_id: str, n_nodes: int) -> int:
+        """The largest size ``<= n_nodes`` at which ``job_id`` has a plan (0: none). A job's
+        runnable sizes can have holes (FSDP2 needs a global batch that splits evenly), and a
+        policy's fallback or a lost node can land a job in one."""
+        return n_nodes
+
 
 class HorizonEstimator(ABC):
     """Fills in, for nodes with no announced end, an estimate of when each stops being idle.
@@ -295,6 +301,8 @@ class Controller:
         new = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0
         new = self._checked(new, snap, views)
+        if self.plans is not None:
+            new = self._runnable(new, views)
         plan = self.allocation.plan_to(new)
         self.allocation = new
         if self.keep_history:
@@ -318,6 +326,26 @@ class Controller:
                       self.policy, "; ".join(problems))
             return self.allocation
         return new
+
+    def _runnable(self, new: Allocation, views: Sequence[JobView]) -> Allocation:
+        """A job given a size with no execution plan shrinks to the largest size below with
+        one (or stops, below its minimum), keeping the nodes it already held: launching it
+        there would fail it with a memory error."""
+        assert self.plans is not None
+        lo = {v.job_id: v.lo for v in views}
+        out = dict(new.assignment)
+        for job, nodes in new.assignment.items():
+            k = self.plans.runnable_size(job, len(nodes))
+            if k == len(nodes):
+                continue
+            held = self.allocation.nodes_of(job)
+            keep = sorted(nodes, key=lambda n: (n not in held, str(n)))[: k if k >= lo.get(job, 1) else 0]
+            log.info("job %r: no plan runs at %d nodes; given %d", job, len(nodes), len(keep))
+            if keep:
+                out[job] = frozenset(keep)
+            else:
+                del out[job]
+        return new if out == dict(new.assignment) else Allocation(out)
 
     def _job(self, job_id: str) -> JobState:
         try:

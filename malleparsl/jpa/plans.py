@@ -398,3 +398,9 @@ class PlanProfiler(PlanAdvisor):
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         jp = self.jobs.get(job_id)
         return None if jp is None else jp.choose(n_nodes)
+
+    def runnable_size(self, job_id: str, n_nodes: int) -> int:
+        jp = self.jobs.get(job_id)
+        if jp is None:
+            return n_nodes
+        return next((k for k in range(n_nodes, 0, -1) if jp.plan_cost(k) is not None), 0)

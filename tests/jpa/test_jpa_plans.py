@@ -340,3 +340,38 @@ def test_adjust_reuses_a_plan_jobs_view_until_a_reading_or_a_new_curve() -> None
     assert prof.adjust(snap, [JobView(spec, base)])[0].curve is after
     other = ScalingCurve((1, 2, 3), (100.0, 190.0, 270.0))  # equal, but a new advisor curve
     assert prof.adjust(snap, [JobView(spec, other)])[0].curve is not after
+
+
+def test_a_size_with_no_plan_inside_the_range_shrinks_to_one_that_has_one() -> None:
+    """FSDP2 runs only where the global batch splits evenly, so a job that fits only under it
+    has holes in its runnable sizes (64 samples: 2 and 4 nodes, not 3). A policy's answer in a
+    hole, or a node lost at 4 nodes, gets the largest runnable size below, the nodes the job
+    held kept first: the driver is never asked to launch a size with no plan."""
+    from malleparsl.model import Allocation
+
+    class Take(AllocationPolicy):
+        """Gives the job the first ``k`` nodes."""
+
+        k = 3
+
+        def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
+            return Allocation({jobs[0].job_id: frozenset(sorted(snapshot.nodes)[: self.k])})
+
+    prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
+                         unit_params=500_000)
+    pol = Take()
+    ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=PlanProfiler())
+    ctl.add_nodes(["a", "b", "c", "d", "e"], now_s=0)
+    ctl.submit(spec_from_options({
+        "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
+        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
+    ctl.replan(now_s=0)  # 3 asked: no plan there
+    assert ctl.allocation.nodes_of("f") == {"a", "b"} and ctl.plan_for("f", 2).fsdp
+    pol.k = 4
+    ctl.replan(now_s=1)
+    assert ctl.allocation.nodes_of("f") == {"a", "b", "c", "d"} and ctl.plan_for("f", 4).fsdp
+    ctl.remove_nodes(["c"], now_s=2)  # lost: 3 left to the job, a hole
+    pol.k = 3
+    ctl.replan(now_s=2)
+    got = ctl.allocation.nodes_of("f")
+    assert len(got) == 2 and got <= {"a", "b", "d"}

@@ -29,19 +29,33 @@ class LinearPlaceholderAdvisor(CurveAdvisor):
     ``advisor=JobProfilingAdvisor()`` to the executor to plan with measured rates instead.
     """
 
+    def __init__(self) -> None:
+        # one placeholder per job, kept: a new curve object at every replan would defeat the
+        # caches keyed on the curve's identity (the plan profiler's scaled curves)
+        self._placeholders: dict[str, ScalingCurve] = {}
+
+    def forget(self, job_id: str) -> None:
+        self._placeholders.pop(job_id, None)
+
     def views(
         self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
     ) -> list[JobView]:
         out = []
         for js in jobs:
             spec = js.spec
-            curve = spec.curve or ScalingCurve(
-                tuple(range(1, spec.max_nodes + 1)),
-                tuple(float(n) for n in range(1, spec.max_nodes + 1)),
-                name=f"{spec.job_id}-linear-placeholder",
-            )
+            curve = spec.curve or self._placeholder(spec.job_id, spec.max_nodes)
             out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
         return out
+
+    def _placeholder(self, job_id: str, max_nodes: int) -> ScalingCurve:
+        curve = self._placeholders.get(job_id)
+        if curve is None or curve.max_measured != max_nodes:
+            curve = self._placeholders[job_id] = ScalingCurve(
+                tuple(range(1, max_nodes + 1)),
+                tuple(float(n) for n in range(1, max_nodes + 1)),
+                name=f"{job_id}-linear-placeholder",
+            )
+        return curve
 
 
 def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,

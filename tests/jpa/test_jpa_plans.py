@@ -375,3 +375,19 @@ def test_a_size_with_no_plan_inside_the_range_shrinks_to_one_that_has_one() -> N
     ctl.replan(now_s=2)
     got = ctl.allocation.nodes_of("f")
     assert len(got) == 2 and got <= {"a", "b", "d"}
+
+
+def test_the_placeholder_advisor_keeps_one_curve_per_job() -> None:
+    """A new placeholder object at every replan made the profiler's curve cache always miss."""
+    from malleparsl.allocator.base import ClusterSnapshot
+
+    ctl = Controller(policy=make_policy("milp"), advisor=LinearPlaceholderAdvisor())
+    ctl.add_nodes(["a", "b"], now_s=0)
+    ctl.submit(spec_from_options({"job_id": "p", "max_nodes": 2}), now_s=0)
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"))
+    first = ctl.advisor.views(snap, ctl.active_jobs or list(ctl.jobs.values()), ctl.allocation)
+    again = ctl.advisor.views(snap, ctl.active_jobs or list(ctl.jobs.values()), ctl.allocation)
+    assert first[0].curve is again[0].curve and first[0].curve.rate(2) == 2.0
+    ctl.advisor.forget("p")
+    assert ctl.advisor.views(snap, list(ctl.jobs.values()), ctl.allocation)[0].curve \
+        is not first[0].curve

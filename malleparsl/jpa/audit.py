@@ -32,9 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
-from malleparsl.allocator.objective import allowed_sizes, job_values
+from malleparsl.allocator.objective import allowed_sizes, best_count_objective, job_values
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation, JobSpec
+
+SUMMARY_KEYS = ("decision_eff", "de_loss_probe", "de_loss_unknown", "de_loss_estimate",
+                "de_loss_probing", "de_loss_pause", "de_probing_time", "rate_eff")
+"""The figures :meth:`DecisionAudit.summary` reports (besides ``decisions``)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class Decision:
     best_probes_fixed: float  # V(best | probing jobs at their chosen sizes)
     best_known_free: float  # V(best | probing and unknown jobs at their chosen sizes)
     probing: bool  # some job was being probed
+    rate_chosen: float = 0.0  # true aggregate rate of the choice (samples/s), pauses aside
+    rate_best: float = 0.0  # ... of the optimum
+    pause_chosen: float = 0.0  # rescale cost of the choice in the objective (samples)
+    pause_best: float = 0.0  # ... of the optimum
 
 
 def best_value(
@@ -124,11 +132,14 @@ class DecisionAudit(AllocationPolicy):
         sizes = {v.job_id: alloc.size(v.job_id) for v in jobs}
         chosen = sum(float(job_values(v, np.asarray([sizes[v.job_id]]), tfwd)[0]) for v in true)
         probes, unknown = self._constrained(jobs, sizes)
-        best = best_value(true, n, tfwd)
+        best, counts = best_count_objective(snap, true)
+        rate_c = sum(v.spec.weight * v.curve.rate(sizes[v.job_id]) for v in true)
+        rate_b = sum(v.spec.weight * v.curve.rate(counts[v.job_id]) for v in true)
         b_p = best_value(true, n, tfwd, {j: sizes[j] for j in probes}) if probes else best
         b_pu = (best_value(true, n, tfwd, {j: sizes[j] for j in probes | unknown})
                 if unknown else b_p)
-        return Decision(snap.now_s, chosen, best, b_p, b_pu, bool(probes))
+        return Decision(snap.now_s, chosen, best, b_p, b_pu, bool(probes), rate_c, rate_b,
+                        tfwd * rate_c - chosen, tfwd * rate_b - best)
 
     def _true_view(self, v: JobView) -> JobView:
         spec = self.truth.get(v.job_id)
@@ -155,13 +166,14 @@ class DecisionAudit(AllocationPolicy):
         ``decision_eff``: the efficiency; ``de_loss_probe`` / ``de_loss_unknown`` /
         ``de_loss_estimate``: its loss split by cause (points, they sum to ``100 - eff``);
         ``de_loss_probing``: the loss in decisions taken while a probe ran (points);
-        ``de_probing_time``: the share of the time with a probe running; ``decisions``.
+        ``de_loss_pause``: the part of the loss that is rescale cost (the choice's pauses beyond
+        the optimum's; the rest is rate), points; ``de_probing_time``: the share of the time
+        with a probe running; ``rate_eff``: the true aggregate rate of the choices, % of the
+        optimum's (time-weighted, pauses aside: may pass 100); ``decisions``.
         """
         ds = self.decisions
         if not ds:
-            return {"decision_eff": math.nan, "de_loss_probe": math.nan,
-                    "de_loss_unknown": math.nan, "de_loss_estimate": math.nan,
-                    "de_loss_probing": math.nan, "de_probing_time": math.nan, "decisions": 0}
+            return {k: math.nan for k in SUMMARY_KEYS} | {"decisions": 0}
         t = np.array([d.now_s for d in ds] + [max(end_s, ds[-1].now_s)])
         dt = np.diff(t)
         col = lambda f: np.array([getattr(d, f) for d in ds])  # noqa: E731
@@ -176,6 +188,9 @@ class DecisionAudit(AllocationPolicy):
             "de_loss_unknown": pts(b_p - b_pu),
             "de_loss_estimate": pts(b_pu - chosen),
             "de_loss_probing": pts(np.where(probing, best - chosen, 0.0)),
+            "de_loss_pause": pts(col("pause_chosen") - col("pause_best")),
             "de_probing_time": float(dt @ probing) / total if total > 0 else math.nan,
+            "rate_eff": (100.0 * float(dt @ col("rate_chosen")) / float(dt @ col("rate_best"))
+                         if float(dt @ col("rate_best")) > 0 else math.nan),
             "decisions": len(ds),
         }

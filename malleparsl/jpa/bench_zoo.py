@@ -29,7 +29,7 @@ from malleparsl.jpa.zoo import FAMILIES, HELD_OUT, NEAR_LINEAR, zoo_jobs
 
 ORACLE = "milp"
 DE_PARTS = ("de_loss_probe", "de_loss_unknown", "de_loss_estimate", "de_loss_probing",
-            "de_probing_time")
+            "de_loss_pause", "de_probing_time", "rate_eff")
 """The decision efficiency's loss split (:mod:`~malleparsl.jpa.audit`), averaged per family."""
 EXTRA_SETS = ("imagenet",)  # shipped job sets run alongside the zoo families
 

@@ -74,6 +74,15 @@ def test_a_wrong_curve_costs_efficiency_the_true_one_does_not():
     # the optimum: p at 3 nodes (270/s), f on the other 5 (300/s); chosen: p at 8 (20/s)
     assert s["decision_eff"] == pytest.approx(100 * 20 / 570)
     assert s["de_loss_estimate"] == pytest.approx(100 - s["decision_eff"])  # no advisor: no split
+    # a growth the truth does not repay: its pause is the loss, the rate is the same
+    spec = JobSpec("g", max_nodes=8, rescale_up_s=5.0,
+                   curve=ScalingCurve.from_points({1: 100.0, 2: 200.0, 8: 200.0}))
+    held = [JobView(dataclasses.replace(spec, curve=None), LINEAR, frozenset({"n0", "n1"}))]
+    grow = DecisionAudit({"g": spec}, PlanWith({"g": LINEAR}))
+    assert grow.allocate(snap, held).size("g") == 8
+    s = grow.summary(100.0)
+    assert s["decision_eff"] == pytest.approx(50.0)  # 10 s x 200/s - 5 s x 200/s of 2000
+    assert s["de_loss_pause"] == pytest.approx(50.0) and s["rate_eff"] == pytest.approx(100.0)
     with pytest.raises(SpecError, match="true curve"):
         DecisionAudit({"a": JobSpec("a")})
 

@@ -258,8 +258,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         limit = n_tab
         top = max(explored)
         factor = self.explore_factor
-        if factor is not None and est.model_free:
-            factor = min(factor, 2.0)  # no structure fits: extrapolate one doubling at a time
+        # a model-free estimate is extrapolated as far as a fitted one: its flat mean and wide
+        # sigma past the largest measured size already keep the optimism modest; holding it to
+        # one doubling blocked growths the true curves pay for (docs/jpa.md, decision efficiency)
         if short:  # too little work left to pay for measuring a new size: stay where measured
             factor = 1.0
         if factor is not None:

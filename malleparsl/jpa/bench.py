@@ -3,9 +3,10 @@
 Runs the simulator on an idle-node trace with every job's curve hidden (``milp+jpa``), against
 the MILP given the true curves (the oracle), the MILP assuming linear scaling from a one-node
 measurement, and equal share, and prints per setup: samples trained and their share of the
-oracle's, profiling node-seconds as a share of all node-seconds used, and the curve error
+oracle's, profiling node-seconds as a share of all node-seconds used, the curve error
 (mean absolute percentage error of the JPA's mean curve at the sizes jobs ran, both at the end
-and at decision time weighted by node-seconds).
+and at decision time weighted by node-seconds), and the decision efficiency of the JPA's
+decisions (:mod:`~malleparsl.jpa.audit`).
 
 ``--jobs shapes:N`` generates ``N`` jobs whose curves are none of the shipped ones (Amdahl with
 p in [0.5, 0.999], saturating, a drop at two nodes, falling past a peak), each with its own
@@ -92,10 +93,15 @@ def curve_errors(advisor: object, truth: dict[str, ScalingCurve]) -> tuple[float
 
 def run_comparison(
     trace: object, jobs: Sequence[JobSpec], *, setups: Sequence[str], noise: float = 0.03,
-    seed: int = 0,
+    seed: int = 0, advisor_options: dict | None = None,
 ) -> list[dict]:
-    """Simulate each setup on ``trace``; one row of figures per setup (oracle = ``milp``)."""
+    """Simulate each setup on ``trace``; one row of figures per setup (oracle = ``milp``).
+
+    JPA setups are audited (:mod:`~malleparsl.jpa.audit`): every decision scored by the true
+    curves against the best one for the same state (``decision_eff`` and its loss split).
+    ``advisor_options`` go to their advisor (to compare variants)."""
     from malleparsl.jpa.advisor import JobProfilingAdvisor
+    from malleparsl.jpa.audit import DecisionAudit
     from malleparsl.jpa.sim_setups import SIM_DEFAULTS
     from malleparsl.sim.engine import SimOptions, simulate
 
@@ -103,10 +109,12 @@ def run_comparison(
     rows = []
     for name in setups:
         opts: dict = {}
-        adv = None
+        adv = audit = None
         if name.startswith("milp+jpa"):
-            adv = JobProfilingAdvisor(share_priors=not name.endswith("nopriors"), **SIM_DEFAULTS)  # type: ignore[arg-type]
-            opts["advisor"] = adv
+            kw = {**SIM_DEFAULTS, **(advisor_options or {})}
+            adv = JobProfilingAdvisor(share_priors=not name.endswith("nopriors"), **kw)  # type: ignore[arg-type]
+            audit = DecisionAudit({j.job_id: j for j in jobs})
+            opts |= {"advisor": adv, "audit": audit}
         elif name == "milp-linear":
             opts = {"noise": noise, "seed": seed}
         t0 = time.perf_counter()
@@ -120,6 +128,8 @@ def run_comparison(
             final, decision = curve_errors(adv, truth)  # type: ignore[arg-type]
             row |= {"profiling_share": adv.probe_ns / res.used_node_s if res.used_node_s else 0.0,
                     "mape_final": final, "mape_decision": decision}
+        if audit is not None:
+            row |= audit.summary(res.end_s)
         rows.append(row)
     oracle = next((r for r in rows if r["setup"] == "milp"), None)
     for r in rows:
@@ -198,10 +208,12 @@ def bench_jpa(
             typer.echo(f"\n{trace} nodes {sl}, {hours:g} h, jobs {jobs}, noise {noise:.0%}, "
                        f"mean idle {tr.mean_idle_nodes():.1f} nodes")
             typer.echo(f"{'setup':<20}{'samples':>12}{'% oracle':>10}{'done':>6}{'rescales':>9}"
-                       f"{'profiling':>11}{'MAPE end':>10}{'MAPE dec':>10}{'wall s':>8}")
+                       f"{'profiling':>11}{'MAPE end':>10}{'MAPE dec':>10}{'dec eff':>9}"
+                       f"{'wall s':>8}")
             for r in rows:
                 extra = (f"{r['profiling_share']:>10.2%} {r['mape_final']:>9.1%} "
-                         f"{r['mape_decision']:>9.1%}" if "profiling_share" in r else f"{'':>31}")
+                         f"{r['mape_decision']:>9.1%} {r['decision_eff']:>7.1f}%"
+                         if "profiling_share" in r else f"{'':>40}")
                 typer.echo(f"{r['setup']:<20}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
                            f"{r['jobs_done']:>6}{r['rescales']:>9} {extra}{r['wall_s']:>8.1f}")
 

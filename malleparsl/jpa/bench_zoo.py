@@ -6,7 +6,10 @@ the same family, slice and seed in two measures:
 
 - ``pct_samples``: samples trained, % of the oracle's;
 - ``pct_progress``: normalised progress (the sum over jobs of samples trained / the job's total),
-  % of the oracle's, so a fast model does not decide the total alone.
+  % of the oracle's, so a fast model does not decide the total alone;
+- ``decision_eff`` (JPA setups): every decision scored by the true curves against the oracle's
+  choice in the same state (:mod:`~malleparsl.jpa.audit`), free of the chaos of end totals;
+  with its loss split into probing, unknown jobs and estimate errors.
 
 Rows per run stream out as they finish (a long sweep can be read while it runs); the summary per
 family and slice gives mean and minimum of both, the profiling share of node-seconds and the
@@ -25,6 +28,9 @@ from malleparsl.errors import SpecError
 from malleparsl.jpa.zoo import FAMILIES, HELD_OUT, NEAR_LINEAR, zoo_jobs
 
 ORACLE = "milp"
+DE_PARTS = ("de_loss_probe", "de_loss_unknown", "de_loss_estimate", "de_loss_probing",
+            "de_loss_pause", "de_probing_time", "rate_eff")
+"""The decision efficiency's loss split (:mod:`~malleparsl.jpa.audit`), averaged per family."""
 EXTRA_SETS = ("imagenet",)  # shipped job sets run alongside the zoo families
 
 
@@ -126,6 +132,8 @@ def summarise(rows: Iterable[dict]) -> list[dict]:
             "profiling_share": _mean(rs, "profiling_share"),
             "profiling_share_max": _max(rs, "profiling_share"),
             "mape_decision": _mean(rs, "mape_decision"),
+            **_stats(rs, "decision_eff"),
+            **{f"{k}_mean": _mean(rs, k) for k in DE_PARTS},
         })
     pooled: dict[tuple, list[dict]] = {}
     for f in out:
@@ -142,6 +150,9 @@ def summarise(rows: Iterable[dict]) -> list[dict]:
             "pct_progress_min": min(f["pct_progress_min"] for f in fs),
             "profiling_share_max": max((f["profiling_share_max"] for f in fs
                                         if not math.isnan(f["profiling_share_max"])), default=math.nan),
+            "decision_eff_mean": _mean(fs, "decision_eff_mean"),
+            "decision_eff_min": min((f["decision_eff_min"] for f in fs
+                                     if not math.isnan(f["decision_eff_min"])), default=math.nan),
         })
     return out
 
@@ -153,7 +164,7 @@ def format_table(summary: Sequence[dict], setups: Sequence[str]) -> str:
     by = {(f["family"], f["nodes"], f["setup"]): f for f in fams}
     shown = [s for s in setups if s != ORACLE]
     head = f"{'family':<22}{'nodes':<7}" + "".join(f"{s + ' smp/prog':>30}" for s in shown)
-    lines = [head + f"{'prof %':>8}{'MAPE':>7}"]
+    lines = [head + f"{'prof %':>8}{'MAPE':>7}{'dec eff (min)':>15}{'loss probe/unkn/est':>21}"]
     for held, fam, sl in keys:
         cells = ""
         for s in shown:
@@ -163,13 +174,16 @@ def format_table(summary: Sequence[dict], setups: Sequence[str]) -> str:
                       f"{f['pct_progress_mean']:>6.1f} ({f['pct_progress_min']:5.1f})").rjust(30)
         jpa = by.get((fam, sl, "milp+jpa"))
         tail = (f"{100 * jpa['profiling_share']:>8.2f}{100 * jpa['mape_decision']:>6.1f}%"
-                if jpa else "")
+                f"{jpa['decision_eff_mean']:>8.1f} ({jpa['decision_eff_min']:4.1f})"
+                f"{jpa['de_loss_probe_mean']:>9.1f} /{jpa['de_loss_unknown_mean']:4.1f} /"
+                f"{jpa['de_loss_estimate_mean']:4.1f}" if jpa else "")
         lines.append(f"{fam + (' (held out)' if held else ''):<22}{sl:<7}{cells}{tail}")
     for p in (f for f in summary if f["kind"] == "pooled" and f["setup"] == "milp+jpa"):
         lines.append(f"{p['part']} families, {p['nodes']}: milp+jpa mean {p['pct_samples_mean']:.1f} % "
                      f"samples (min {p['pct_samples_min']:.1f}), {p['pct_progress_mean']:.1f} % progress "
                      f"(min {p['pct_progress_min']:.1f}), profiling max "
-                     f"{100 * p['profiling_share_max']:.2f} %")
+                     f"{100 * p['profiling_share_max']:.2f} %, decision efficiency "
+                     f"{p['decision_eff_mean']:.1f} % (min {p['decision_eff_min']:.1f})")
     return "\n".join(lines)
 
 

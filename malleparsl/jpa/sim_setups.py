@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from malleparsl.allocator.base import ClusterSnapshot, JobView, make_policy
+from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
 from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
 from malleparsl.jpa.advisor import JobProfilingAdvisor
@@ -72,16 +72,24 @@ class LinearFromOneNode(CurveAdvisor):
 
 
 def _jpa_setup(*, share_priors: bool = True, **options: object) -> Setup:
-    """``advisor=`` passes a ready advisor (to read its figures after the run)."""
+    """``advisor=`` passes a ready advisor (to read its figures after the run); ``audit=`` a
+    :class:`~malleparsl.jpa.audit.DecisionAudit` to score every decision by the true curves
+    (the answers are unchanged); ``hide_curves=False`` hands the advisor each job's true curve
+    as a user's curve (the simulator then measures nothing): the mechanics test."""
     inner = options.pop("inner", "milp")
     inner_options = dict(options.pop("inner_options", None) or {})  # type: ignore[call-overload]
     advisor = options.pop("advisor", None)
+    audit = options.pop("audit", None)
+    hide = bool(options.pop("hide_curves", True))
     if advisor is None:
         kw = {**SIM_DEFAULTS, **options}
         advisor = JobProfilingAdvisor(share_priors=share_priors, **kw)  # type: ignore[arg-type]
     elif options:
         raise SpecError(f"give advisor options or advisor=, not both (got {sorted(options)})")
-    return ProbeFirst(advisor=advisor, inner=inner, **inner_options), advisor, True  # type: ignore[arg-type]
+    policy: AllocationPolicy = ProbeFirst(advisor=advisor, inner=inner, **inner_options)  # type: ignore[arg-type]
+    if audit is not None:
+        policy = audit.bind(policy, advisor)  # type: ignore[attr-defined]
+    return policy, advisor, hide  # type: ignore[return-value]
 
 
 def _jpa_nopriors(**options: object) -> Setup:

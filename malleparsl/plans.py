@@ -331,7 +331,8 @@ def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> Plan
 
 def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: int, max_nodes: int,
                   *, ranks_per_node: int = 1) -> int:
-    """The job's minimum size raised to the smallest size some allowed plan fits."""
+    """The job's minimum size raised to the smallest size some allowed plan fits (at or above
+    ``min_nodes``: runnable sizes can have holes, e.g. FSDP2 where the batch does not split)."""
     got = options if isinstance(options, PlanOptions) or options is None else plan_options(
         options, ranks_per_node=ranks_per_node)
     if got is None:
@@ -347,11 +348,12 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
             "(plans=[...]) or run on nodes with more memory"
         )
     lo = max(min_nodes, n)
-    if not any(got.feasible(k) for k in range(lo, max_nodes + 1)):
+    first = next((k for k in range(lo, max_nodes + 1) if got.feasible(k)), None)
+    if first is None:
         top = max(k for k in range(1, max_nodes + 1) if got.feasible(k))
         raise MemoryBudgetError(
             f"no plan among {list(got.bases)} runs at any size from {lo} to max_nodes="
             f"{max_nodes} node(s): they run at {n}..{top} (with global_batch="
             f"{got.global_batch}); lower min_nodes, raise global_batch or allow more plans"
         )
-    return lo
+    return first

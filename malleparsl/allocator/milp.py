@@ -200,11 +200,22 @@ class MilpPolicy(AllocationPolicy):
         if exposure not in EXPOSURES:
             raise SpecError(f"exposure must be one of {', '.join(EXPOSURES)}, got {exposure!r}")
         self.exposure = exposure
-        if not horizon and (learn_hold or exposure != "none"):
+        if horizon_cap_s is not None and not (
+            isinstance(horizon_cap_s, (int, float)) and horizon_cap_s > 0
+        ):
+            raise SpecError(f"horizon_cap_s must be a number > 0 (or None), got {horizon_cap_s!r}")
+        horizon_only = {
+            "learn_hold": learn_hold or None,
+            "exposure": None if exposure == "none" else exposure,
+            "default_horizon_s": default_horizon_s,
+            "horizon_cap_s": horizon_cap_s,
+            "max_levels": None if max_levels == 1 else max_levels,
+        }
+        given = {k: v for k, v in horizon_only.items() if v is not None}
+        if not horizon and given:
             raise SpecError(
-                "learn_hold and exposure value grows over the nodes' horizons: use them with "
-                f"horizon=True (policy milp-horizon), got learn_hold={learn_hold!r}, "
-                f"exposure={exposure!r}"
+                f"{', '.join(given)} value grows over the nodes' horizons: use them with "
+                f"horizon=True (policy milp-horizon), got {given}"
             )
         self._tie_rng = None if tie_seed is None else np.random.default_rng(tie_seed)
         self.last_result: SolveResult | None = None

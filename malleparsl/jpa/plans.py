@@ -230,6 +230,7 @@ class JobPlans:
         self._cache: dict[int, tuple[int, PlanCurve]] = {}
         self._costs: dict[int, tuple[int, list[float | None]]] = {}
         self._views: dict[tuple[int, int], tuple[ScalingCurve, ScalingCurve]] = {}
+        self._fits: dict[int, bool] = {}  # size -> some plan fits (options only: never stale)
         self._last: tuple[ExecPlan, int] | None = None
         self._skip = 0
 
@@ -270,6 +271,8 @@ class JobPlans:
         if hit is not None and hit[0] == self.version:
             return hit[1]
         costs = [self.plan_cost(n) for n in range(1, n_max + 1)]
+        # one entry per cluster size seen since the last reading (older ones are stale)
+        self._costs = {k: v for k, v in self._costs.items() if v[0] == self.version}
         self._costs[n_max] = (self.version, costs)
         return costs
 
@@ -298,6 +301,17 @@ class JobPlans:
         return self.model.step_time(plan, n=n, global_batch=gb) / self.model.step_time(
             ExecPlan(), n=n, global_batch=gb)
 
+    def runnable_below(self, nodes: int) -> int:
+        """The largest size ``<= nodes`` some plan fits (0: none). Feasibility depends only on
+        the options (memory, batch), never on readings, so each size is checked once."""
+        for k in range(nodes, 0, -1):
+            ok = self._fits.get(k)
+            if ok is None:
+                ok = self._fits[k] = bool(self.opts.feasible(k))
+            if ok:
+                return k
+        return 0
+
     def plan_cost(self, nodes: int) -> float | None:
         """:meth:`cost_vs_dp` of the best feasible plan at ``nodes`` (1 where DP fits and is
         fastest, above 1 where only slower plans fit; None where no plan fits): the factor a
@@ -315,6 +329,7 @@ class JobPlans:
         pc = plan_aware_curve(self.model, global_batch=o.global_batch, budget=o.budget,
                               n_max=n_max, bases=o.bases, name=name,
                               ranks_per_node=o.ranks_per_node)
+        self._cache = {k: v for k, v in self._cache.items() if v[0] == self.version}
         self._cache[n_max] = (self.version, pc)
         return pc
 
@@ -401,6 +416,4 @@ class PlanProfiler(PlanAdvisor):
 
     def runnable_size(self, job_id: str, n_nodes: int) -> int:
         jp = self.jobs.get(job_id)
-        if jp is None:
-            return n_nodes
-        return next((k for k in range(n_nodes, 0, -1) if jp.plan_cost(k) is not None), 0)
+        return n_nodes if jp is None else jp.runnable_below(n_nodes)

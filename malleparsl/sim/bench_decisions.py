@@ -142,6 +142,15 @@ def bench_decisions(
         chosen = [c for c in QUICK + FULL if c.name in want]
     names = [p.strip() for p in policy.split(",") if p.strip()]
     options = _policy_options(option)
+    if options:  # refuse a misfit option before hours of replays, naming the policy
+        from malleparsl.errors import SpecError
+        from malleparsl.sim.setups import make_setup
+
+        for name in names:
+            try:
+                make_setup(name, **options)
+            except SpecError as exc:
+                raise typer.BadParameter(f"--option for policy {name!r}: {exc}") from None
     table = Table(
         "case", "policy", "samples", "% capped", "% bound", "JCT h", "rescales", "ms med/p95/max"
     )

@@ -129,3 +129,17 @@ def test_learn_hold_survives_a_node_taken_back_at_the_instant_it_was_added():
     assert pol.allocate(snap1, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 1
     snap2 = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 1000.0})
     pol.allocate(snap2, [JobView(spec, LINEAR, frozenset({"a"}))])  # no SpecError
+
+
+@pytest.mark.parametrize("opts", [{"max_levels": 2}, {"horizon_cap_s": 300.0},
+                                  {"default_horizon_s": 600.0}])
+def test_every_horizon_only_option_is_refused_without_horizons(opts):
+    with pytest.raises(SpecError, match="horizon"):
+        make_policy("milp", **opts)
+
+
+@pytest.mark.parametrize("cap", [0.0, -5.0, "300"])
+def test_a_bad_horizon_cap_is_refused_when_the_policy_is_built(cap):
+    """Not at the first decision of a live run."""
+    with pytest.raises(SpecError, match="horizon_cap_s"):
+        make_policy("milp-horizon", horizon_cap_s=cap)

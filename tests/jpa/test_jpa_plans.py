@@ -391,3 +391,16 @@ def test_the_placeholder_advisor_keeps_one_curve_per_job() -> None:
     ctl.advisor.forget("p")
     assert ctl.advisor.views(snap, list(ctl.jobs.values()), ctl.allocation)[0].curve \
         is not first[0].curve
+
+
+def test_a_minimum_inside_a_hole_moves_up_to_a_size_with_a_plan() -> None:
+    """FSDP2-only job, 64 samples: runs at 2 and 4 nodes, not 3. min_nodes=3 becomes 4 (was 3,
+    so a probe at the minimum landed in the hole)."""
+    prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
+                         unit_params=500_000)
+    from malleparsl.plans import FAMILIES
+
+    opts = PlanOptions(prof, 64, 110 * MIB, FAMILIES)
+    assert min_nodes_for(opts, 3, 8) == 4 and min_nodes_for(opts, 1, 8) == 2
+    jp = JobPlans(opts)
+    assert [jp.runnable_below(n) for n in range(1, 6)] == [0, 2, 2, 4, 4]

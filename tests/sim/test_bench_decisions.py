@@ -51,3 +51,9 @@ def test_options_reach_the_named_policies_and_a_wrong_one_is_named():
     assert [(r["policy"], r["options"]) for r in rows] == [("milp", {"tie_seed": 3})]
     res = runner.invoke(app, [*case, "--option", "tie_sed=3"])
     assert res.exit_code != 0 and "tie_sed" in res.output
+
+
+def test_an_option_one_named_policy_cannot_take_is_refused_before_any_replay():
+    res = runner.invoke(app, ["bench", "decisions", "--quick", "--policy", "greedy,milp-horizon",
+                              "--option", "learn_hold=median"])
+    assert res.exit_code == 2 and "--option for policy 'greedy'" in " ".join(res.output.split())

@@ -146,3 +146,74 @@ def test_plan_names_parse_and_reject_bad_input() -> None:
         parse_plan("fsdp9")
     with pytest.raises(ValueError, match="mb=N"):
         parse_plan("dp@mb=0")
+
+
+def _sync_ctx():
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.sharding import GlobalBatchSampler
+
+    ctx = TrainContext.local(deterministic=False)
+    sampler = GlobalBatchSampler(dataset_size=8, global_batch=4, world_size=1, rank=0)
+    return ctx, sampler
+
+
+def test_fsdp_sync_puts_the_loss_on_the_shards_device(monkeypatch) -> None:
+    """NCCL cannot all-reduce a CPU tensor: the loss must go where the parameters' shards are.
+
+    No GPU here: the shards are on the meta device, which a CPU-built loss does not follow.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from malleparsl.apps.step import Step
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ctx, sampler = _sync_ctx()
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(DTensor.from_local(torch.zeros(4, device="meta"), mesh,
+                                                        [Shard(0)], run_check=False))
+        seen = []
+
+        class Reduced(Exception):
+            pass
+
+        def record(t):
+            seen.append(t)
+            raise Reduced  # a meta tensor has no value to read back
+
+        monkeypatch.setattr(ctx, "all_reduce", record)
+        step = Step(ctx, 0, sampler)
+        step.loss_sum = 3.0
+        with pytest.raises(Reduced):
+            step.sync(model)
+        assert [t.device.type for t in seen] == ["meta"]
+    finally:
+        ctx.close()
+        dist.destroy_process_group()
+
+
+def test_dp_sync_does_not_need_torch_distributed_tensor(monkeypatch) -> None:
+    """Plain DP on a torch build without distributed support: no DTensor import, no error."""
+    import sys
+
+    import torch.distributed as dist
+
+    from malleparsl.apps.step import Step
+
+    monkeypatch.setattr(dist, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)  # import fails
+    ctx, sampler = _sync_ctx()
+    try:
+        model = torch.nn.Linear(3, 1)
+        step = Step(ctx, 0, sampler)
+        step.backward(model(torch.ones(4, 3)).sum())
+        loss = step.sync(model)
+    finally:
+        ctx.close()
+    assert loss == pytest.approx(step.loss_sum / 4)
+    assert model.weight.grad is not None

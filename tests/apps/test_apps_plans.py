@@ -217,3 +217,56 @@ def test_dp_sync_does_not_need_torch_distributed_tensor(monkeypatch) -> None:
         ctx.close()
     assert loss == pytest.approx(step.loss_sum / 4)
     assert model.weight.grad is not None
+
+
+def _consolidate_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
+                       options={"plan": "fsdp", "deterministic": False})
+    ctx.group = True
+    try:
+        x, y = teacher_data(n=8, d_in=256)
+        model = BlockMLP(d_in=256, width=512, depth=4)
+        full_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+        model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
+        opt.step()  # Adam's state exists
+        state = ctx._objects["model"]
+        reset_peak_rss()
+        base = rss_bytes()
+        path = ctx.save()
+        peak = peak_rss_bytes() - base
+        return {"rank": rank, "peak": peak, "full_bytes": full_bytes, "path": str(path),
+                "model_full": state._full is not None, "opt_full": opt._full is not None}
+    finally:
+        ctx.close()
+
+
+def test_fsdp_checkpoint_holds_the_full_state_only_on_rank_0_and_only_while_writing(
+        tmp_path) -> None:
+    """A job that fits only sharded must not un-shard on every rank at its first save: rank 1
+    gathers one tensor at a time and keeps none (its peak during the save is far below the
+    full model + Adam state, which it held at once before), rank 0 drops its copy once the
+    file is written."""
+    import random
+
+    from malleparsl.apps.checkpoint import CheckpointStore
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_consolidate_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    assert r0["path"].endswith(".pt") and r1["path"] == "None"
+    assert not (r0["model_full"] or r0["opt_full"] or r1["model_full"] or r1["opt_full"])
+    assert r1["peak"] < 0.25 * r1["full_bytes"], (r1["peak"], r1["full_bytes"])
+    _, payload = CheckpointStore(directory=tmp_path).load_latest()
+    assert all(t.device.type == "cpu" for t in payload["state"]["model"].values())

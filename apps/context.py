@@ -284,18 +284,26 @@ class TrainContext:
         """Checkpoint now (rank 0 writes; the state is replicated). Returns the path on rank 0.
 
         Objects with ``collective_state`` (a sharded optimizer) are consolidated on rank 0
-        first, a collective: every rank calls ``save`` at the same steps.
+        first, a collective: every rank calls ``save`` at the same steps. Their ``release()``
+        (where they have one) drops rank 0's consolidated copy once the file is written, so it
+        is not kept for the rest of the segment.
         """
         self._last_ckpt = time.monotonic()
-        if self.ckpt is not None:
-            for obj in self._objects.values():
-                if getattr(obj, "collective_state", False):
-                    obj.consolidate()
-        if self.rank != 0 or self.ckpt is None or self._saved_step == self.step:
+        if self.ckpt is None:
             return None
-        path = self.ckpt.save(self._payload(), step=self.step)
-        self._saved_step = self.step
-        return path
+        collective = [o for o in self._objects.values() if getattr(o, "collective_state", False)]
+        for obj in collective:
+            obj.consolidate()
+        try:
+            if self.rank != 0 or self._saved_step == self.step:
+                return None
+            path = self.ckpt.save(self._payload(), step=self.step)
+            self._saved_step = self.step
+            return path
+        finally:
+            for obj in collective:
+                if callable(getattr(obj, "release", None)):
+                    obj.release()
 
     def restore(self) -> bool:
         """Load the newest usable checkpoint into the registered objects; False if none.

@@ -43,11 +43,20 @@ from malleparsl.plans import (
 log = logging.getLogger(__name__)
 
 
-def _gathered(value: Any) -> Any:
-    """A DTensor's full tensor (a collective: every rank calls it in the same order)."""
+def _gathered(value: Any, keep: bool) -> Any:
+    """A DTensor's full tensor, as a CPU copy where ``keep`` (rank 0) and ``None`` elsewhere.
+
+    A collective: every rank calls it for the same tensors in the same order. Each gathered
+    tensor is dropped at once where it is not kept, so a caller that gathers one tensor at a
+    time holds at most one full tensor on the other ranks."""
     from torch.distributed.tensor import DTensor
 
-    return value.full_tensor() if isinstance(value, DTensor) else value
+    full = value.full_tensor() if isinstance(value, DTensor) else value
+    if not keep:
+        return None
+    if isinstance(full, torch.Tensor):  # a copy: plain values alias the live state
+        return full.detach().to("cpu", copy=True)
+    return full
 
 
 def _shard_like(value: Any, ref: Any) -> Any:
@@ -93,7 +102,10 @@ class ShardedModel:
     """An FSDP2 model's checkpoint state in the plain format (full tensors, the same keys).
 
     Like a ZeRO optimizer it has ``collective_state``: :meth:`consolidate` (every rank) gathers
-    the parameters and keeps them on rank 0, whose :meth:`state_dict` then returns them;
+    the parameters one at a time and keeps them, on the CPU, on rank 0 only, whose
+    :meth:`state_dict` then returns them until :meth:`release` (``TrainContext.save`` calls it
+    once the checkpoint is written). Rank 0 must hold the whole model for that while (the
+    plain file holds it); the other ranks never hold more than one full tensor.
     :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard.
     """
 
@@ -105,8 +117,15 @@ class ShardedModel:
         self._full: dict[str, Any] | None = None
 
     def consolidate(self) -> None:
-        full = {k: _gathered(v).detach().clone() for k, v in self.model.state_dict().items()}
-        self._full = full if _rank() == 0 else None
+        keep = _rank() == 0
+        full = {}
+        for k, v in self.model.state_dict().items():  # one collective per tensor, same order
+            full[k] = _gathered(v, keep)
+        self._full = full if keep else None
+
+    def release(self) -> None:
+        """Drop rank 0's full copy (the checkpoint holding it is written)."""
+        self._full = None
 
     def state_dict(self) -> dict[str, Any]:
         if self._full is None:
@@ -199,12 +218,19 @@ class PlanOptimizer:
         """Collective: gather the sharded state on rank 0 (no-op when not sharded)."""
         if self.zero:
             self.opt.consolidate_state_dict(to=0)
-        elif self.fsdp:
+        elif self.fsdp:  # one tensor at a time, kept on rank 0 only (see ShardedModel)
+            keep = _rank() == 0
             sd = self.opt.state_dict()
-            full = {i: {k: _gathered(v).detach().clone() for k, v in st.items()}
-                    for i, st in sd["state"].items()}
-            self._full = {"state": full, "param_groups": sd["param_groups"]} if _rank() == 0 \
-                else None
+            full: dict[Any, dict[str, Any]] = {}
+            for i, st in sd["state"].items():
+                full[i] = {}
+                for k, v in st.items():
+                    full[i][k] = _gathered(v, keep)
+            self._full = {"state": full, "param_groups": sd["param_groups"]} if keep else None
+
+    def release(self) -> None:
+        """Drop rank 0's full copy of the FSDP2 state (the checkpoint holding it is written)."""
+        self._full = None
 
     def state_dict(self) -> dict[str, Any]:
         if not self.fsdp:

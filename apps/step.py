@@ -48,15 +48,16 @@ class Step:
         (a rank with no samples this step) contribute zeros.
         """
         import torch
-        from torch.distributed.tensor import DTensor
 
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise SpecError("step.sync(model): the model has no trainable parameters")
-        if any(isinstance(p, DTensor) for p in params):
+        if _sharded(params):
             # FSDP2: backward already reduce-scattered the summed gradients (divide factor 1,
-            # see apps.plans.shard_model); only the loss is all-reduced, one division each
-            loss = torch.tensor([self.loss_sum], dtype=torch.float64)
+            # see apps.plans.shard_model); only the loss is all-reduced, one division each.
+            # The loss goes on the shards' device: NCCL (on GPUs) cannot reduce a CPU tensor
+            loss = torch.tensor([self.loss_sum], dtype=torch.float64,
+                                device=params[0].to_local().device)
             self.ctx.all_reduce(loss)
             for p in params:
                 if p.grad is not None:
@@ -82,3 +83,16 @@ class Step:
                 p.grad.copy_(chunk)
             offset += n
         return float(flat[-1])
+
+
+def _sharded(params: list[Any]) -> bool:
+    """Whether the parameters are FSDP2's ``DTensor`` shards. Only asked of torch builds with
+    distributed support: ``torch.distributed.tensor`` does not import without it, and plain
+    data parallelism must not need it."""
+    import torch.distributed
+
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in params)

@@ -8,6 +8,8 @@ consolidated first).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -146,3 +148,135 @@ def test_plan_names_parse_and_reject_bad_input() -> None:
         parse_plan("fsdp9")
     with pytest.raises(ValueError, match="mb=N"):
         parse_plan("dp@mb=0")
+
+
+def _sync_ctx():
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.sharding import GlobalBatchSampler
+
+    ctx = TrainContext.local(deterministic=False)
+    sampler = GlobalBatchSampler(dataset_size=8, global_batch=4, world_size=1, rank=0)
+    return ctx, sampler
+
+
+def _loss_devices(port: int) -> dict:  # a fresh process: no process group in pytest's
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from malleparsl.apps.step import Step
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    ctx, sampler = _sync_ctx()
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(DTensor.from_local(torch.zeros(4, device="meta"), mesh,
+                                                        [Shard(0)], run_check=False))
+        seen = []
+
+        class Reduced(Exception):
+            pass
+
+        def record(t):
+            seen.append(t.device.type)
+            raise Reduced  # a meta tensor has no value to read back
+
+        ctx.all_reduce = record
+        step = Step(ctx, 0, sampler)
+        step.loss_sum = 3.0
+        with contextlib.suppress(Reduced):
+            step.sync(model)
+        return {"devices": seen}
+    finally:
+        ctx.close()
+        dist.destroy_process_group()
+
+
+def test_fsdp_sync_puts_the_loss_on_the_shards_device() -> None:
+    """NCCL cannot all-reduce a CPU tensor: the loss must go where the parameters' shards are.
+
+    No GPU here: the shards are on the meta device, which a CPU-built loss does not follow.
+    """
+    import random
+
+    from malleparsl.apps.memory import run_fresh
+
+    (out,) = run_fresh(_loss_devices, [((random.randint(20000, 60000),), {})], timeout_s=300)
+    assert out["devices"] == ["meta"]
+
+
+def test_dp_sync_does_not_need_torch_distributed_tensor(monkeypatch) -> None:
+    """Plain DP on a torch build without distributed support: no DTensor import, no error."""
+    import sys
+
+    import torch.distributed as dist
+
+    from malleparsl.apps.step import Step
+
+    monkeypatch.setattr(dist, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)  # import fails
+    ctx, sampler = _sync_ctx()
+    try:
+        model = torch.nn.Linear(3, 1)
+        step = Step(ctx, 0, sampler)
+        step.backward(model(torch.ones(4, 3)).sum())
+        loss = step.sync(model)
+    finally:
+        ctx.close()
+    assert loss == pytest.approx(step.loss_sum / 4)
+    assert model.weight.grad is not None
+
+
+def _consolidate_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
+                       options={"plan": "fsdp", "deterministic": False})
+    ctx.group = True
+    try:
+        x, y = teacher_data(n=8, d_in=256)
+        model = BlockMLP(d_in=256, width=512, depth=4)
+        full_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+        model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
+        opt.step()  # Adam's state exists
+        state = ctx._objects["model"]
+        reset_peak_rss()
+        base = rss_bytes()
+        path = ctx.save()
+        peak = peak_rss_bytes() - base
+        return {"rank": rank, "peak": peak, "full_bytes": full_bytes, "path": str(path),
+                "model_full": state._full is not None, "opt_full": opt._full is not None}
+    finally:
+        ctx.close()
+
+
+def test_fsdp_checkpoint_holds_the_full_state_only_on_rank_0_and_only_while_writing(
+        tmp_path) -> None:
+    """A job that fits only sharded must not un-shard on every rank at its first save: rank 1
+    gathers one tensor at a time and keeps none (its peak during the save is far below the
+    full model + Adam state, which it held at once before), rank 0 drops its copy once the
+    file is written."""
+    import random
+
+    from malleparsl.apps.checkpoint import CheckpointStore
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_consolidate_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    assert r0["path"].endswith(".pt") and r1["path"] == "None"
+    assert not (r0["model_full"] or r0["opt_full"] or r1["model_full"] or r1["opt_full"])
+    assert r1["peak"] < 0.25 * r1["full_bytes"], (r1["peak"], r1["full_bytes"])
+    _, payload = CheckpointStore(directory=tmp_path).load_latest()
+    assert all(t.device.type == "cpu" for t in payload["state"]["model"].values())

@@ -137,6 +137,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         self._noise_sums: tuple[float, int] = (0.0, 0)  # of finished jobs
         self._alloc_since = 0.0
         self._last_pred: dict[str, np.ndarray] = {}
+        # an unpredictable job's near-zero placeholder, kept while (size, eps) stay the same:
+        # a new object at every replan defeats the caches keyed on a curve's identity
+        self._placeholders: dict[str, tuple[tuple[int, float], ScalingCurve]] = {}
         self._order = 0
 
     # ---- events -------------------------------------------------------------------------
@@ -156,6 +159,7 @@ class JobProfilingAdvisor(CurveAdvisor):
     def forget(self, job_id: str) -> None:
         rec = self.records.pop(job_id, None)
         self._last_pred.pop(job_id, None)
+        self._placeholders.pop(job_id, None)
         if rec is None:
             return
         a, b = rec.noise_sums()
@@ -235,13 +239,22 @@ class JobProfilingAdvisor(CurveAdvisor):
             n_tab = max(spec.min_nodes, min(spec.max_nodes, max(n_nodes, 1)))
             curve = self.planning_curve(rec, n_tab) if rec.job_id in known else None
             if curve is None:
-                curve = ScalingCurve((1, n_tab) if n_tab > 1 else (1,),
-                                     (eps, eps * n_tab) if n_tab > 1 else (eps,), name=rec.job_id)
+                curve = self._placeholder(rec.job_id, n_tab, eps)
             if rec.probe is not None:
                 out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size))
             else:
                 out.append(JobView(spec, curve, current))
         return out
+
+    def _placeholder(self, job_id: str, n_tab: int, eps: float) -> ScalingCurve:
+        """``eps`` per node: an unpredictable job is worth (almost) nothing to grow."""
+        hit = self._placeholders.get(job_id)
+        if hit is not None and hit[0] == (n_tab, eps):
+            return hit[1]
+        curve = ScalingCurve((1, n_tab) if n_tab > 1 else (1,),
+                             (eps, eps * n_tab) if n_tab > 1 else (eps,), name=job_id)
+        self._placeholders[job_id] = ((n_tab, eps), curve)
+        return curve
 
     def planning_curve(self, rec: JobRecord, n_tab: int) -> ScalingCurve | None:
         """``min(mean + kappa sigma, linear bound)``; flat past ``explore_factor`` x explored."""

@@ -88,6 +88,13 @@ def _jpa_setup(*, share_priors: bool = True, **options: object) -> Setup:
         raise SpecError(f"give advisor options or advisor=, not both (got {sorted(options)})")
     policy: AllocationPolicy = ProbeFirst(advisor=advisor, inner=inner, **inner_options)  # type: ignore[arg-type]
     if audit is not None:
+        if inner != "milp" or inner_options:
+            # the audit scores with plain milp's objective (Tfwd x rate - OLD_RATE pauses);
+            # against another objective its efficiency and loss split would mean nothing
+            raise SpecError(
+                f"audit= scores decisions with plain milp's objective: use it with inner='milp' "
+                f"and no inner_options (got inner={inner!r}, inner_options={inner_options})"
+            )
         policy = audit.bind(policy, advisor)  # type: ignore[attr-defined]
     return policy, advisor, hide  # type: ignore[return-value]
 

@@ -280,3 +280,21 @@ def test_learning_loop_finds_a_good_size_for_any_shape(truth, noise, seed):
     # sizes visited once carry one reading: their error scales with the noise (a fixed 10 %
     # failed at 9.4 % noise on main too, e.g. _peaked(10, 7.5, 16), seed 125)
     assert float(np.mean(err)) <= 0.05 + noise, err
+
+
+def test_an_unpredictable_jobs_placeholder_is_one_object_across_replans():
+    """A new placeholder at every replan made the plan profiler's view cache (keyed on the
+    advisor's curve object) miss for every job the JPA cannot predict yet."""
+    from malleparsl.allocator import ClusterSnapshot
+
+    jpa = JobProfilingAdvisor()
+    ctl = Controller(policy=make_policy("milp"), advisor=jpa)
+    ctl.add_nodes(["a", "b", "c"], now_s=0)
+    ctl.submit(JobSpec("u", max_nodes=3), now_s=0)
+    ctl.replan(now_s=0)
+    snap = ClusterSnapshot(now_s=1.0, nodes=("a", "b", "c"))
+    first = jpa.views(snap, ctl.active_jobs, ctl.allocation)[0].curve
+    assert not jpa.predictable(jpa.records["u"])
+    assert jpa.views(snap, ctl.active_jobs, ctl.allocation)[0].curve is first
+    jpa.forget("u")
+    assert "u" not in jpa._placeholders

@@ -123,3 +123,13 @@ def test_decision_efficiency_in_the_simulator():
         j.max_nodes, jobs[i - 1].max_nodes)) for i, j in enumerate(jobs)]
     _, lied = _run(wrong, hide=False, truth={j.job_id: j for j in jobs}, kappa=0.0)
     assert lied["decision_eff"] < known["decision_eff"] - 5
+
+
+@pytest.mark.parametrize("opts", [{"inner": "milp-horizon"}, {"inner_options": {"value": "work"}}])
+def test_the_audit_refuses_a_policy_with_another_objective(opts):
+    """It scores with plain milp's objective; against another one its figures mean nothing."""
+    from malleparsl.sim.setups import make_setup
+
+    spec = JobSpec("a", curve=ScalingCurve((1, 2), (1.0, 2.0)))
+    with pytest.raises(SpecError, match="plain milp"):
+        make_setup("milp+jpa", audit=DecisionAudit({"a": spec}), **opts)

@@ -57,6 +57,10 @@ def _rank(rank: int, port: int, case: PlanCase) -> dict[str, Any]:  # runs in a 
             from malleparsl.apps.plans import shard_model
 
             shard_model(tiny, tiny.blocks, world_size=case.n, device="cpu")
+        if parse_plan(case.plan).checkpoint:  # and checkpointing's first use
+            from malleparsl.apps.plans import set_checkpointing
+
+            set_checkpointing(tiny.blocks, True)
         topt = torch.optim.Adam(tiny.parameters())
         loss_sum(tiny, (x[:4], y[:4])).backward()
         topt.step()

@@ -192,9 +192,8 @@ class MilpPolicy(AllocationPolicy):
         if learn_hold not in (False, "mean", "median"):
             raise SpecError(f"learn_hold must be False, 'mean' or 'median', got {learn_hold!r}")
         self.learn_hold = learn_hold
-        self._kept: list[float] = []
+        self._kept: list[float] = []  # how long each grown node was kept, in this run
         self._added: dict[tuple[str, object], float] = {}  # (job, node) -> when a grow added it
-        self._kept_sum, self._kept_n = 0.0, 0
         if isinstance(exposure, bool):
             exposure = "first" if exposure else "none"
         if exposure not in EXPOSURES:
@@ -326,9 +325,9 @@ class MilpPolicy(AllocationPolicy):
         given back). Floored at ``MIN_LEARNT_CAP_S``: nodes taken back at the instant they were
         added give 0 s samples, and a cap must be positive."""
         cap = self.horizon_cap_s
-        if self.learn_hold and self._kept_n:
+        if self.learn_hold and self._kept:
             kept = (
-                self._kept_sum / self._kept_n
+                sum(self._kept) / len(self._kept)  # the same additions, in order, as before
                 if self.learn_hold == "mean"
                 else float(np.median(self._kept))
             )
@@ -341,11 +340,7 @@ class MilpPolicy(AllocationPolicy):
         the job gone): one sample of how long grown nodes are kept."""
         held = {(j.job_id, n) for j in jobs for n in j.current}
         for key in [k for k in self._added if k not in held]:
-            kept = now_s - self._added.pop(key)
-            self._kept_sum += kept
-            self._kept_n += 1
-            if self.learn_hold == "median":
-                self._kept.append(kept)
+            self._kept.append(now_s - self._added.pop(key))
 
     def _exact_dp(self, table: OptionTable, n_jobs: int) -> list[int] | None:
         """One pool: the exact optimum by dynamic programming (``None``: use the solver)."""

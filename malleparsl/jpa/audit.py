@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
+from malleparsl.allocator.knapsack import programme
 from malleparsl.allocator.objective import allowed_sizes, best_count_objective, job_values
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation, JobSpec
@@ -60,24 +61,16 @@ class Decision:
 def best_value(
     views: Sequence[JobView], n_nodes: int, tfwd_s: float, fixed: Mapping[str, int] | None = None
 ) -> float:
-    """Optimum of the allocator's objective over node counts (``fixed``: jobs held at a size).
-
-    A multiple-choice knapsack by dynamic programming, as
-    :func:`~malleparsl.allocator.objective.best_count_objective`, with some jobs' choices fixed.
-    """
+    """Optimum of the allocator's objective over node counts (``fixed``: jobs held at a size):
+    the allocator's own exact knapsack (:func:`~malleparsl.allocator.knapsack.programme`)."""
     fixed = fixed or {}
-    best = np.zeros(n_nodes + 1)  # best[m]: best value of the jobs so far on at most m nodes
+    options = []
     for v in views:
         sizes = allowed_sizes(v, n_nodes)
         if v.job_id in fixed:
             sizes = np.asarray([fixed[v.job_id]], dtype=np.int64)
-        vals = job_values(v, sizes, tfwd_s)
-        new = np.full(n_nodes + 1, -np.inf)
-        for k, val in zip(sizes.tolist(), vals.tolist()):
-            if k <= n_nodes:
-                new[k:] = np.maximum(new[k:], best[: n_nodes + 1 - k] + val)
-        best = new
-    return float(best[n_nodes])
+        options.append((sizes, job_values(v, sizes, tfwd_s)))
+    return programme(options, n_nodes)[1]
 
 
 class DecisionAudit(AllocationPolicy):

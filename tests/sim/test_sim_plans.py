@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from malleparsl.data import load_jobset
+from malleparsl.errors import SpecError
 from malleparsl.plans import parse_plan
 from malleparsl.sim.engine import simulate
 from malleparsl.sim.plans import mean_jct_all_h, plan_jobsets, unused_node_h
@@ -113,3 +114,38 @@ def test_fsdp_costs_its_gathers_and_runs_where_only_it_fits() -> None:
     t4 = perf.step_time(parse_plan("fsdp@mb=32"), n=2, global_batch=gb)
     extra = (3 * 4 - 2) / 2 * w / costs.link_bytes_per_s + (3 * 4 - 1) * costs.latency_s
     assert t4 == pytest.approx(gb / dp.rate(2) + 3 * costs.micro_batch_s + extra, rel=1e-9)
+
+
+def test_jct_floor_by_hand() -> None:
+    """Three jobs, 1 h of capacity: per-node rates 10, 5 (best at 2 nodes) and 1 sample/s;
+    needs 360 s, 1,440 s and 3,600 s of a node, so two can finish (1,800 s <= 3,600 s), not
+    three. The two that waited longest (submitted at 0 and 600 s; the window ends at 3,600 s)
+    count 0, the last its wait of 1,800 s: floor = 1,800 / 3 s."""
+    from malleparsl.model import JobSpec, ScalingCurve
+    from malleparsl.sim.plans import jct_all_floor_h
+
+    specs = [
+        JobSpec("a", max_nodes=1, total_samples=3600, submit_s=0, curve=ScalingCurve((1,), (10.0,))),
+        JobSpec("b", max_nodes=4, total_samples=7200, submit_s=600,
+                curve=ScalingCurve((1, 2, 4), (4.0, 10.0, 12.0))),
+        JobSpec("c", max_nodes=1, total_samples=3600, submit_s=1800, curve=ScalingCurve((1,), (1.0,))),
+    ]
+    floor = jct_all_floor_h(specs, specs, start_s=0, end_s=3600, idle_node_s=3600)
+    assert floor == pytest.approx(1800 / 3 / 3600)
+    # the best per-node rate of any curve given for a job counts: a faster plan for "c"
+    faster_c = [*specs, JobSpec("c", max_nodes=1, total_samples=3600, submit_s=1800,
+                                curve=ScalingCurve((1,), (3.0,)))]
+    assert jct_all_floor_h(specs, faster_c, start_s=0, end_s=3600, idle_node_s=3600) == 0.0
+    with pytest.raises(SpecError, match="no curve"):
+        jct_all_floor_h(specs, [JobSpec("a")], start_s=0, end_s=3600, idle_node_s=3600)
+
+
+def test_jct_floor_is_below_what_the_simulator_reaches() -> None:
+    """On a saturated slice the floor bounds both variants' measured all-jobs mean JCT."""
+    from malleparsl.sim.plans import compare_plans
+
+    row = compare_plans(nodes="0:16", hours=6, limit=40, samples_scale=0.2, max_active=None)
+    floor = row["jct_all_floor_h"]
+    assert 0 < floor <= row["plan_aware"]["mean_jct_all_h"] + 1e-9
+    assert floor <= row["dp_only"]["mean_jct_all_h"] + 1e-9
+    assert row["jct_all_ratio_floor"] <= row["jct_all_ratio_vs_dp_only"] + 1e-9

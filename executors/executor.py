@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import queue
@@ -182,6 +183,23 @@ class MalleableExecutor(HighThroughputExecutor):
         self._monitor: threading.Thread | None = None
         self._put_lock = threading.Lock()
         self._lost_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        """Parsl's RepresentationMixin reads every ``__init__`` argument back as an attribute,
+        but ``control`` is the live loop (``ex.control.set_policy``), ``None`` before ``start``:
+        show the :class:`ControlOptions` given instead, in the mixin's layout (sorted keywords,
+        one per line when long)."""
+        shown = {
+            name: self.control_options if name == "control" else getattr(self, name, "<unrecorded>")
+            for name, p in inspect.signature(MalleableExecutor.__init__).parameters.items()
+            if p.kind is p.KEYWORD_ONLY
+        }
+        items = [f"{k}={v!r}" for k, v in sorted(shown.items())]
+        line = f"{type(self).__name__}({', '.join(items)})"
+        if len(line) <= self.__max_width__:
+            return line
+        return f"{type(self).__name__}(\n    " + ",\n    ".join(
+            i.replace("\n", "\n    ") for i in items) + "\n)"
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:

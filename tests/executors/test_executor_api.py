@@ -84,6 +84,17 @@ def test_defaults_notice_lost_nodes_fast_and_use_the_affinity_interchange():
     assert repr(ex).startswith("MalleableExecutor(")
 
 
+def test_repr_shows_the_control_options_not_the_loop():
+    """``control`` is the live loop once started (None before): the repr shows the options the
+    executor was given, so a printed config says what it runs with."""
+    from malleparsl.executors import ControlOptions
+
+    ex = MalleableExecutor(control=ControlOptions(ranks_per_node=1, max_active=3), label="m")
+    text = repr(ex)
+    assert "control=None" not in text and "control=ControlOptions(" in text
+    assert "max_active=3" in text and "label='m'" in text
+
+
 def test_local_config_builds_n_emulated_nodes():
     cfg = local_config(nodes=3, run_dir="/tmp/x", policy="equal-share")
     (ex,) = cfg.executors

@@ -113,19 +113,20 @@ def _controller(policy: AllocationPolicy) -> Controller:
 
 def test_a_node_lost_at_4_goes_with_the_one_the_job_cannot_use_to_another_job() -> None:
     """Old code: ``static`` kept the job at 3 nodes, the controller snapped it to 2 after the
-    policy had answered, and the third node sat idle while job g waited for a node."""
+    policy had answered, and the third node sat idle while job h waited for a node."""
     ctl = _controller(make_policy("static"))
-    ctl.add_nodes(["a", "b", "c", "d"], now_s=0)
+    ctl.add_nodes(["a", "b", "c", "d", "e"], now_s=0)
     ctl.submit(_plan_job(), now_s=0)
     ctl.replan(now_s=0)
-    assert ctl.allocation.size("f") == 4
+    assert ctl.allocation.nodes_of("f") == {"a", "b", "c", "d"}
     ctl.submit(JobSpec("g", max_nodes=2), now_s=1)
+    ctl.submit(JobSpec("h", max_nodes=2), now_s=1)
     ctl.replan(now_s=1)
-    assert ctl.allocation.size("g") == 0  # static: no node free
+    assert ctl.allocation.size("g") == 1 and ctl.allocation.size("h") == 0  # static: 1 free
     ctl.remove_nodes(["c"], now_s=2)  # f holds 3: a hole
     ctl.replan(now_s=2)
     assert ctl.allocation.size("f") == 2 and ctl.allocation.nodes_of("f") <= {"a", "b", "d"}
-    assert ctl.allocation.size("g") == 1 and ctl.plan_for("f", 2).fsdp
+    assert ctl.allocation.size("h") == 1 and ctl.plan_for("f", 2).fsdp
 
 
 def test_the_controllers_snap_of_a_lost_node_hands_the_freed_node_on_at_once(caplog) -> None:
@@ -154,3 +155,30 @@ def test_the_controllers_snap_of_a_lost_node_hands_the_freed_node_on_at_once(cap
     assert ctl.allocation.nodes_of("f") == {"a", "b"} and ctl.allocation.nodes_of("g") == {"d"}
     assert plan.start == {"g": frozenset({"d"})}
     assert any("no plan runs at 3 nodes" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("name", [p for p in policy_names() if p != "jpa"])
+def test_through_the_controller_a_plan_jobs_holes_reach_no_policy_answer(name: str) -> None:
+    """The live path: the plan profiler's view of an FSDP2-only job (runs at 2, 4 nodes; its
+    curve 0 at 3) next to plain jobs, on 5-8 nodes. Old code: equal-share answered 3 of 7
+    nodes (its share), and the controller snapped it to 2 afterwards."""
+
+    class Recording(AllocationPolicy):
+        def __init__(self, inner: AllocationPolicy) -> None:
+            self.inner, self.sizes = inner, []
+
+        def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
+            out = self.inner.allocate(snapshot, jobs)
+            self.sizes.append(out.size("f"))
+            return out
+
+    for n in (5, 6, 7, 8):
+        pol = Recording(make_policy(name))
+        ctl = _controller(pol)
+        ctl.add_nodes([f"n{i}" for i in range(n)], now_s=0)
+        ctl.submit(_plan_job(), now_s=0)
+        ctl.submit(JobSpec("g", max_nodes=4, curve=LINEAR), now_s=0)
+        ctl.replan(now_s=0)
+        ctl.remove_nodes(["n0"], now_s=1)
+        ctl.replan(now_s=1)
+        assert all(k in (0, 2, 4) for k in pol.sizes), (n, pol.sizes)

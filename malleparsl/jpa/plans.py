@@ -409,5 +409,3 @@ class PlanProfiler(PlanAdvisor):
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         jp = self.jobs.get(job_id)
         return None if jp is None else jp.choose(n_nodes)
-
-

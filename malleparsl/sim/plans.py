@@ -104,11 +104,12 @@ class KnownPlans(PlanAdvisor):
 
     A plan-aware job carries its best feasible plan per size (``meta["plans"]``,
     ``{nodes: plan name}``, from :func:`plan_jobsets`) and a curve that is 0 where no plan
-    fits. Where those sizes have holes, the view lists the runnable ones (``JobView.sizes``),
-    as :class:`~malleparsl.jpa.plans.PlanProfiler` does live, so the shared controller and every
-    policy treat a job the same way in the simulator and live (the policy never chooses a hole;
-    a node lost at 4 nodes of a job that runs at 2 and 4 is handled by the policy's next
-    answer, or by the controller's snap). Jobs without ``meta["plans"]`` pass through.
+    fits. Where those sizes have holes (or stop below ``max_nodes``), the view lists the
+    runnable ones (``JobView.sizes``), as :class:`~malleparsl.jpa.plans.PlanProfiler` does
+    live, so the shared controller and every policy treat a job the same way in the simulator
+    and live (the policy never chooses a hole; a node lost at 4 nodes of a job that runs at 2
+    and 4 is handled by the policy's next answer, or by the controller's snap). Jobs without
+    ``meta["plans"]`` pass through.
     """
 
     def __init__(self) -> None:
@@ -121,7 +122,7 @@ class KnownPlans(PlanAdvisor):
             return
         self.plans[spec.job_id] = {int(k): str(v) for k, v in plans.items()}
         sizes = tuple(sorted(self.plans[spec.job_id]))
-        if len(sizes) != sizes[-1] - sizes[0] + 1:
+        if len(sizes) != max(spec.max_nodes, sizes[-1]) - sizes[0] + 1:  # a gap, or none above
             self.holed[spec.job_id] = sizes
 
     def forget(self, job_id: str) -> None:

@@ -1,8 +1,10 @@
-"""Replan time of the shared Controller with many jobs, per policy (many jobs without plan holes; the live default PlanProfiler).
+"""Replan time of the shared Controller with many jobs, per policy.
 
-Usage: python scripts/bench_replan.py [jobs] [nodes] [reps]. Jobs have no plans (the common case);
-the controller has the live default PlanProfiler so adjust() runs too. Each rep removes one
-node and adds it back (two replans), so the policy sees a changing input.
+Usage: python scripts/bench_replan.py [jobs] [nodes] [reps] [policies]. Jobs have no plans
+(the common case); the controller has the live default PlanProfiler, so adjust() runs too.
+Each rep removes one node and adds it back (two replans), so the policy sees a changing input.
+Prints the median and the minimum per replan; on a shared machine compare minima of
+interleaved runs.
 """
 import statistics
 import sys

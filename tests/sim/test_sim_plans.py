@@ -115,8 +115,10 @@ def test_fsdp_costs_its_gathers_and_runs_where_only_it_fits() -> None:
     assert t4 == pytest.approx(gb / dp.rate(2) + 3 * costs.micro_batch_s + extra, rel=1e-9)
 
 
-@pytest.mark.parametrize("policy", ["equal-share", "static", "hold", "milp"])
-def test_simulated_plan_jobs_run_only_at_sizes_with_a_plan(policy: str) -> None:
+@pytest.mark.parametrize("policy,semantics", [
+    ("equal-share", "default"), ("static", "default"), ("hold", "default"), ("milp", "default"),
+    ("equal-share", "bftrainer")])
+def test_simulated_plan_jobs_run_only_at_sizes_with_a_plan(policy: str, semantics: str) -> None:
     """FSDP2 only (global batch 256): the jobs run at 2, 4, 8, ... nodes, not 3, 5, 6 or 7.
     The simulator's controller gets the runnable sizes as live (``KnownPlans``). Old code: it
     had no plan advisor, and equal-share and static ran a job at 3 of 7 nodes, a size with no
@@ -127,7 +129,9 @@ def test_simulated_plan_jobs_run_only_at_sizes_with_a_plan(policy: str) -> None:
     t0 = max(a.submit_s for a in aware)
     tr = trace_from_fragments([(f"n{i}", t0, t0 + 3 * 3600) for i in range(7)]
                               + [("n0", t0 + 3 * 3600 + 1, t0 + 4 * 3600)])
-    res = simulate(tr, aware, policy=policy)
+    from malleparsl.sim.engine import SimOptions
+
+    res = simulate(tr, aware, policy=policy, options=SimOptions(semantics=semantics))
     sizes = set(res.sizes["nodes"])
     assert sizes <= {0, 2, 4, 8}, sizes
     assert res.samples > 0

@@ -297,13 +297,16 @@ class Controller:
             views = self.plans.adjust(snap, views)
         t0 = time.perf_counter()
         answer = self.policy.allocate(snap, views)
+        solve_s = time.perf_counter() - t0
         new = self._checked(answer, snap, views)
         if new is not answer and self._holed(views):  # rejected: the current one is kept
             new = self._runnable(new, views)
             if new is not self.allocation:  # the nodes a snap freed go to the policy at once
                 again = [dataclasses.replace(v, current=new.nodes_of(v.job_id)) for v in views]
-                new = self._checked(self.policy.allocate(snap, again), snap, again, new)
-        solve_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                answer = self.policy.allocate(snap, again)
+                solve_s += time.perf_counter() - t0
+                new = self._checked(answer, snap, again, new)
         plan = self.allocation.plan_to(new)
         self.allocation = new
         if self.keep_history:

@@ -66,10 +66,14 @@ class JobView:
 
     def size_upto(self, k: int) -> int:
         """The largest count ``<= k`` a policy may give the job (0 if none)."""
+        # bounds read inline, not through lo/hi: heuristics call this per job and decision
+        spec, lo, hi = self.spec, self.min_nodes, self.max_nodes
+        lo = spec.min_nodes if lo is None else lo
+        hi = spec.max_nodes if hi is None else hi
         if self.sizes is None:
-            return min(k, self.hi) if k >= self.lo else 0
-        i = bisect.bisect_right(self.sizes, min(k, self.hi))
-        return self.sizes[i - 1] if i and self.sizes[i - 1] >= self.lo else 0
+            return (k if k < hi else hi) if k >= lo else 0
+        i = bisect.bisect_right(self.sizes, min(k, hi))
+        return self.sizes[i - 1] if i and self.sizes[i - 1] >= lo else 0
 
     def size_from(self, k: int) -> int:
         """The smallest count ``>= k`` (and ``>= lo``) a policy may give the job (0 if none)."""

@@ -11,6 +11,8 @@ from a :class:`CurveAdvisor` (the user's curves, or the Job Profiling Advisor).
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -101,8 +103,10 @@ class PlanAdvisor(ABC):
 
     Set as ``Controller(plans=...)`` (the JPA's :class:`~malleparsl.jpa.plans.PlanProfiler`).
     It sees every job the curve advisor sees; for jobs that opted into plans it replaces the
-    view's curve by the best feasible plan's rate per size and its minimum size by the
-    smallest size any plan fits, and names the plan a job runs at a size.
+    view's curve by the best feasible plan's rate per size, its minimum size by the smallest
+    size any plan fits and, where some size in between has no plan (FSDP2 needs a global
+    batch that splits evenly), lists the sizes that have one (``JobView.sizes``, which every
+    policy honours); and it names the plan a job runs at a size.
     """
 
     def register(self, spec: JobSpec, now_s: float) -> None:  # noqa: B027 - optional hook
@@ -128,12 +132,6 @@ class PlanAdvisor(ABC):
     @abstractmethod
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         """The plan ``job_id`` should run at ``n_nodes`` (None: the job has no plans)."""
-
-    def runnable_size(self, job_id: str, n_nodes: int) -> int:
-        """The largest size ``<= n_nodes`` at which ``job_id`` has a plan (0: none). A job's
-        runnable sizes can have holes (FSDP2 needs a global batch that splits evenly), and a
-        policy's fallback or a lost node can land a job in one."""
-        return n_nodes
 
 
 class HorizonEstimator(ABC):
@@ -298,54 +296,71 @@ class Controller:
         if self.plans is not None:
             views = self.plans.adjust(snap, views)
         t0 = time.perf_counter()
-        new = self.policy.allocate(snap, views)
+        answer = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0
-        new = self._checked(new, snap, views)
-        if self.plans is not None:
+        new = self._checked(answer, snap, views)
+        if new is not answer and self._holed(views):  # rejected: the current one is kept
             new = self._runnable(new, views)
+            if new is not self.allocation:  # the nodes a snap freed go to the policy at once
+                again = [dataclasses.replace(v, current=new.nodes_of(v.job_id)) for v in views]
+                t0 = time.perf_counter()
+                answer = self.policy.allocate(snap, again)
+                solve_s += time.perf_counter() - t0
+                new = self._checked(answer, snap, again, new)
         plan = self.allocation.plan_to(new)
         self.allocation = new
         if self.keep_history:
             self.history.append(ReplanStats(now_s, solve_s, len(views), len(snap.nodes), plan))
         return plan
 
-    def _checked(self, new: Allocation, snap: ClusterSnapshot, views: Sequence[JobView]) -> Allocation:
-        """Reject a policy answer that breaks the rules; keep the current allocation instead."""
+    def _checked(self, new: Allocation, snap: ClusterSnapshot, views: Sequence[JobView],
+                 keep: Allocation | None = None) -> Allocation:
+        """Reject a policy answer that breaks the rules (a size out of bounds or, for a job
+        with plan holes, one it cannot run at); keep the current allocation (``keep``: the
+        current one, by default) instead."""
         usable = set(snap.nodes)
-        bounds = {v.job_id: (v.lo, v.hi) for v in views}
+        by_id = {v.job_id: v for v in views}
         problems = []
         for job, nodes in new.assignment.items():
-            if job not in bounds:
+            v = by_id.get(job)
+            if v is None:
                 problems.append(f"job {job!r} is not active")
-            elif not (bounds[job][0] <= len(nodes) <= bounds[job][1]):
-                problems.append(f"job {job!r} got {len(nodes)} nodes outside {bounds[job]}")
+            elif not (v.lo <= len(nodes) <= v.hi):
+                problems.append(f"job {job!r} got {len(nodes)} nodes outside {(v.lo, v.hi)}")
+            elif v.sizes is not None and len(nodes) not in v.sizes:
+                problems.append(f"job {job!r} got {len(nodes)} nodes, no plan runs there")
             if nodes - usable:
                 problems.append(f"job {job!r} got unusable nodes {sorted(nodes - usable)[:3]}")
         if problems:
             log.error("policy %r returned an invalid allocation (%s); keeping the current one",
                       self.policy, "; ".join(problems))
-            return self.allocation
+            return self.allocation if keep is None else keep
         return new
 
-    def _runnable(self, new: Allocation, views: Sequence[JobView]) -> Allocation:
-        """A job given a size with no execution plan shrinks to the largest size below with
-        one (or stops, below its minimum), keeping the nodes it already held: launching it
-        there would fail it with a memory error."""
-        assert self.plans is not None
-        lo = {v.job_id: v.lo for v in views}
-        out = dict(new.assignment)
-        for job, nodes in new.assignment.items():
-            k = self.plans.runnable_size(job, len(nodes))
-            if k == len(nodes):
+    @staticmethod
+    def _holed(views: Sequence[JobView]) -> bool:
+        return any(v.sizes is not None and len(v.current) not in v.sizes and v.current
+                   for v in views)
+
+    def _runnable(self, kept: Allocation, views: Sequence[JobView]) -> Allocation:
+        """The kept allocation (the policy's answer was rejected) after a lost node left a job
+        at a size with no execution plan (4 nodes, one taken back, 3; ``JobView.sizes``): the
+        job shrinks to the largest size below it runs at (or stops, below its minimum), keeping
+        the first of its nodes by name. Launching it at 3 would fail it."""
+        out = dict(kept.assignment)
+        for v in views:
+            nodes = kept.nodes_of(v.job_id)
+            if v.sizes is None or not nodes or len(nodes) in v.sizes:
                 continue
-            held = self.allocation.nodes_of(job)
-            keep = sorted(nodes, key=lambda n: (n not in held, str(n)))[: k if k >= lo.get(job, 1) else 0]
-            log.info("job %r: no plan runs at %d nodes; given %d", job, len(nodes), len(keep))
+            i = bisect.bisect_right(v.sizes, len(nodes))
+            k = v.sizes[i - 1] if i else 0
+            keep = sorted(nodes, key=str)[: k if k >= v.lo else 0]
+            log.info("job %r: no plan runs at %d nodes; given %d", v.job_id, len(nodes), len(keep))
             if keep:
-                out[job] = frozenset(keep)
+                out[v.job_id] = frozenset(keep)
             else:
-                del out[job]
-        return new if out == dict(new.assignment) else Allocation(out)
+                del out[v.job_id]
+        return kept if out == dict(kept.assignment) else Allocation(out)
 
     def _job(self, job_id: str) -> JobState:
         try:

@@ -64,10 +64,8 @@ FAMILIES = ("dp", "accum", "ckpt", "zero1", "zero1+ckpt", "fsdp", "fsdp+ckpt")
 """What a job may run unless it says otherwise (option ``plans``): ``dp`` is plain data
 parallelism (one pass per step), ``accum`` adds micro-batches to it, the others may use
 micro-batches too. The performance model picks among those that fit: FSDP2's per-pass
-gathers make it the choice only where it fits and cheaper plans do not."""
-
-KNOWN_FAMILIES = FAMILIES
-"""Every family a job may list in ``plans`` (all of them are in the default set)."""
+gathers make it the choice only where it fits and cheaper plans do not. It is also every
+family a job may list in ``plans``."""
 
 ZERO_GLOO_OVERHEAD = 1.3
 """Parameter copies torch's ZeroRedundancyOptimizer keeps resident beyond the model on CPU with
@@ -231,8 +229,8 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
         mbs.append(m)
     out = []
     for b in bases:
-        if b not in KNOWN_FAMILIES:
-            raise unknown_name("plan family", b, KNOWN_FAMILIES)
+        if b not in FAMILIES:
+            raise unknown_name("plan family", b, FAMILIES)
         ckpt, zero, fsdp = BASES["dp" if b == "accum" else b]
         if (zero or fsdp) and n == 1:
             continue  # nothing to shard over
@@ -268,8 +266,8 @@ class PlanOptions:
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise SpecError(f"ranks_per_node must be an integer >= 1, got {r!r}")
         for b in self.bases:
-            if b not in KNOWN_FAMILIES:
-                raise unknown_name("plan family", b, KNOWN_FAMILIES)
+            if b not in FAMILIES:
+                raise unknown_name("plan family", b, FAMILIES)
 
     def ranks(self, nodes: int) -> int:
         return nodes * self.ranks_per_node

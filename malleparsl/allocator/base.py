@@ -8,6 +8,7 @@ serves the executor's controller and the simulator.
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,12 @@ class JobView:
 
     ``min_nodes``/``max_nodes`` default to the spec's; the controller may narrow them (a JPA
     probe, a job about to finish). ``curve`` is what the allocator should believe.
+
+    ``sizes`` lists the only node counts the job can run at, when not every count in
+    ``lo..hi`` can (``None``, the common case: all of them). An execution plan job has holes:
+    FSDP2 needs a global batch that splits evenly, so it may run at 2 and 4 nodes, not 3. A
+    policy gives a job 0 nodes or a count in ``lo..hi`` that is in ``sizes``
+    (:meth:`allows`; :func:`~malleparsl.allocator.objective.allowed_sizes`).
     """
 
     spec: JobSpec
@@ -33,6 +40,7 @@ class JobView:
     max_nodes: int | None = None
     remaining_samples: float | None = None  # None: the spec's total (no progress reported)
     attained_samples: float = 0.0  # trained so far (attained service, for MLFQ priorities)
+    sizes: tuple[int, ...] | None = None  # runnable node counts; None: every one in lo..hi
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", frozenset(self.current))
@@ -41,6 +49,39 @@ class JobView:
             raise SpecError(
                 f"job {self.spec.job_id!r}: min_nodes ({lo}) > max_nodes ({hi}) in its view"
             )
+        if self.sizes is not None:
+            sizes = tuple(int(k) for k in self.sizes)
+            if any(k < 1 for k in sizes) or any(b <= a for a, b in zip(sizes, sizes[1:])):
+                raise SpecError(
+                    f"job {self.spec.job_id!r}: sizes must be strictly increasing counts >= 1, "
+                    f"got {self.sizes!r}"
+                )
+            object.__setattr__(self, "sizes", sizes)
+
+    def allows(self, k: int) -> bool:
+        """Whether a policy may give the job ``k`` nodes (0, or a runnable count in bounds)."""
+        if k == 0:
+            return True
+        return self.lo <= k <= self.hi and (self.sizes is None or k in self.sizes)
+
+    def size_upto(self, k: int) -> int:
+        """The largest count ``<= k`` a policy may give the job (0 if none)."""
+        # bounds read inline, not through lo/hi: heuristics call this per job and decision
+        spec, lo, hi = self.spec, self.min_nodes, self.max_nodes
+        lo = spec.min_nodes if lo is None else lo
+        hi = spec.max_nodes if hi is None else hi
+        if self.sizes is None:
+            return (k if k < hi else hi) if k >= lo else 0
+        i = bisect.bisect_right(self.sizes, min(k, hi))
+        return self.sizes[i - 1] if i and self.sizes[i - 1] >= lo else 0
+
+    def size_from(self, k: int) -> int:
+        """The smallest count ``>= k`` (and ``>= lo``) a policy may give the job (0 if none)."""
+        k = max(k, self.lo)
+        if self.sizes is None:
+            return k if k <= self.hi else 0
+        i = bisect.bisect_left(self.sizes, k)
+        return self.sizes[i] if i < len(self.sizes) and self.sizes[i] <= self.hi else 0
 
     @property
     def remaining(self) -> float:

@@ -32,16 +32,11 @@ def bftrainer_counts(n: int, jobs: Sequence[JobView]) -> dict[str, int]:
     if not jobs:
         return {}
     share = n // len(jobs)
-    target = [min(share, j.hi) if share > j.lo else 0 for j in jobs]
+    target = [j.size_upto(share) if share > j.lo else 0 for j in jobs]
     left = n - sum(target)
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].spec.submit_s, i))
-    for i in order:
-        j = jobs[i]
-        if target[i] == 0:
-            if j.lo <= left:
-                target[i] = min(j.hi, left)
-        else:
-            target[i] += min(j.hi - target[i], left)
+    for i in order:  # as the published rule; a job with plan holes keeps to its sizes
+        target[i] = jobs[i].size_upto(target[i] + left)
         left = n - sum(target)
     return {j.job_id: t for j, t in zip(jobs, target)}
 

@@ -41,21 +41,18 @@ def equal_share_counts(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> di
     """``N // J`` nodes per job clipped to its bounds; leftovers first come first served.
 
     A job whose minimum exceeds the share gets nothing from the share and competes for the
-    leftovers. Rescale costs are ignored, as in the published heuristic.
+    leftovers. A job with plan holes (``JobView.sizes``) gets the largest size it runs at
+    within its share, and within its share plus the leftovers. Rescale costs are ignored, as
+    in the published heuristic.
     """
     n, jn = len(snapshot.nodes), len(jobs)
     if jn == 0:
         return {}
     share = n // jn
-    target = [min(share, j.hi) if share >= j.lo else 0 for j in jobs]
+    target = [j.size_upto(share) for j in jobs]
     left = n - sum(target)
     for i in _fcfs(jobs):
-        j = jobs[i]
-        if target[i] == 0:
-            if j.lo <= left:
-                target[i] = min(j.hi, left)
-        else:
-            target[i] += min(j.hi - target[i], left)
+        target[i] = jobs[i].size_upto(target[i] + left)  # never below target[i]: it runs
         left = n - sum(target)
     return {j.job_id: t for j, t in zip(jobs, target)}
 

@@ -4,6 +4,8 @@ The model, as published (Liu et al., BFTrainer; also MalleTrain's allocator):
 
 - binary ``x[j, n]``: node ``n`` runs job ``j``; each node serves at most one job;
 - binary ``z[j]``: job ``j`` runs; ``min_j * z_j <= size_j <= max_j * z_j`` (size 0 or in bounds);
+  a job with plan holes (``JobView.sizes``, not in the publication) also has one binary per
+  runnable size, ``size_j = sum_k k b_jk`` and ``sum_k b_jk = z_j``;
 - no migration: with ``kept_j`` the current nodes it keeps, ``size_j - kept_j <= N * up_j``,
   ``c_j - kept_j <= c_j * down_j``, ``up_j + down_j <= 1`` (a job only grows or only shrinks);
 - throughput ``S_j`` = the measured curve, piecewise linear in ``size_j`` (SOS2; encoded here
@@ -28,6 +30,7 @@ import pulp
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, register_policy
 from malleparsl.allocator.objective import (
     allocation_objective,
+    allowed_sizes,
     check_inputs,
     feasibility_problems,
 )
@@ -145,6 +148,11 @@ class MilpNodePolicy(AllocationPolicy):
             cap = min(j.hi, n_all)
             prob += size <= cap * z, f"max_{ji}"
             prob += size >= j.lo * z, f"min_{ji}"
+            if j.sizes is not None:  # plan holes: one binary per runnable size
+                ks = [int(k) for k in allowed_sizes(j, n_all)[1:]]
+                b = [prob.add_variable(f"k_{ji}_{k}", 0, 1, cat=pulp.LpBinary) for k in ks]
+                prob += pulp.lpSum(b) == z, f"one_size_{ji}"
+                prob += size == pulp.lpSum(k * v for k, v in zip(ks, b)), f"runnable_{ji}"
             # throughput: SOS2 over the breakpoints, one binary per segment
             xs, rs = breakpoints(j, n_all)
             lam = [prob.add_variable(f"l_{ji}_{i}", 0) for i in range(len(xs))]

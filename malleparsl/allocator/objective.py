@@ -72,8 +72,11 @@ def check_inputs(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> Allocati
 
 
 def allowed_sizes(view: JobView, n_nodes: int) -> np.ndarray:
-    """Node counts job ``view`` may hold: 0, or ``lo..hi`` capped at the ``n_nodes`` usable."""
+    """Node counts job ``view`` may hold: 0, or ``lo..hi`` capped at the ``n_nodes`` usable,
+    only the runnable ones where the view lists them (``JobView.sizes``: plan holes)."""
     hi = min(view.hi, n_nodes)
+    if view.sizes is not None:
+        return np.asarray([0, *(k for k in view.sizes if view.lo <= k <= hi)], dtype=np.int64)
     sizes = [0] + list(range(view.lo, hi + 1))
     return np.asarray(sizes, dtype=np.int64)
 
@@ -110,8 +113,9 @@ def feasibility_problems(
 ) -> list[str]:
     """Why ``allocation`` breaks the published model's rules (empty list: it is feasible).
 
-    Rules: only snapshot nodes; only known jobs; size 0 or within the view's bounds; no
-    migration (a job that gains nodes keeps all it had; one that loses nodes gains none).
+    Rules: only snapshot nodes; only known jobs; size 0 or within the view's bounds and
+    runnable (``JobView.sizes``); no migration (a job that gains nodes keeps all it had; one
+    that loses nodes gains none).
     """
     problems = []
     usable = set(snapshot.nodes)
@@ -127,6 +131,8 @@ def feasibility_problems(
             )
         if not v.lo <= len(nodes) <= v.hi:
             problems.append(f"job {job!r} got {len(nodes)} nodes, outside [{v.lo}, {v.hi}]")
+        elif not v.allows(len(nodes)):
+            problems.append(f"job {job!r} got {len(nodes)} nodes, not a runnable size {v.sizes}")
         if (nodes - v.current) and (v.current - nodes):
             problems.append(f"job {job!r} both gains and loses nodes (migration)")
     return problems

@@ -122,11 +122,9 @@ def fallback_counts(snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> dict[
     """Counts that keep the current allocation where its sizes are still legal.
 
     Lost nodes are already gone from each job's ``current``; a job left above its maximum keeps
-    ``hi`` nodes, one left below its minimum stops (0 nodes). Always feasible.
+    ``hi`` nodes, one left below its minimum stops (0 nodes), one left at a count it cannot run
+    at (a node lost from a job with plan holes, ``JobView.sizes``) keeps the largest it can run
+    at below. Always feasible.
     """
     usable = set(snapshot.nodes)
-    out = {}
-    for j in jobs:
-        c = len(j.current & usable)
-        out[j.job_id] = min(c, j.hi) if c >= j.lo else 0
-    return out
+    return {j.job_id: j.size_upto(len(j.current & usable)) for j in jobs}

@@ -64,9 +64,10 @@ def hold_value_table(
     """``prio[j]`` times job ``j``'s hold value at ``k`` nodes (the formulas of
     :mod:`~malleparsl.allocator.hold`) for ``k`` in ``0..S``; ``-inf`` off limits.
 
-    ``S`` = the largest size any job may take (``min(hi, n_nodes)``); ``free_h``: expected idle
-    time left on the nodes a job would grow onto; ``own_h[j]``: on the nodes job ``j`` holds
-    (what a shrink gives up).
+    ``S`` = the largest size any job may take (``min(hi, n_nodes)``; a job with plan holes,
+    ``JobView.sizes``, takes only its runnable ones); ``free_h``: expected idle time left on
+    the nodes a job would grow onto; ``own_h[j]``: on the nodes job ``j`` holds (what a shrink
+    gives up).
     """
     nj = len(jobs)
     lo = np.fromiter((j.lo for j in jobs), np.int64, nj)
@@ -103,6 +104,9 @@ def hold_value_table(
     val = np.where(k > c, grow, np.where(k < c, shrink, 0.0))
     out = np.asarray(prio, dtype=float)[:, None] * (weight * val)
     allowed = (k == 0) | ((k >= lo[:, None]) & (k <= hi[:, None]))
+    for i, j in enumerate(jobs):  # plan holes (JobView.sizes): only jobs that have them
+        if j.sizes is not None:
+            allowed[i, 1:] &= np.isin(k[1:], j.sizes)
     out[~allowed] = -np.inf
     return out
 

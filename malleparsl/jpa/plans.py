@@ -230,7 +230,6 @@ class JobPlans:
         self._cache: dict[int, tuple[int, PlanCurve]] = {}
         self._costs: dict[int, tuple[int, list[float | None]]] = {}
         self._views: dict[tuple[int, int], tuple[ScalingCurve, ScalingCurve]] = {}
-        self._fits: dict[int, bool] = {}  # size -> some plan fits (options only: never stale)
         self._last: tuple[ExecPlan, int] | None = None
         self._skip = 0
 
@@ -300,17 +299,6 @@ class JobPlans:
         n, gb = self.opts.ranks(nodes), self.opts.global_batch
         return self.model.step_time(plan, n=n, global_batch=gb) / self.model.step_time(
             ExecPlan(), n=n, global_batch=gb)
-
-    def runnable_below(self, nodes: int) -> int:
-        """The largest size ``<= nodes`` some plan fits (0: none). Feasibility depends only on
-        the options (memory, batch), never on readings, so each size is checked once."""
-        for k in range(nodes, 0, -1):
-            ok = self._fits.get(k)
-            if ok is None:
-                ok = self._fits[k] = bool(self.opts.feasible(k))
-            if ok:
-                return k
-        return 0
 
     def plan_cost(self, nodes: int) -> float | None:
         """:meth:`cost_vs_dp` of the best feasible plan at ``nodes`` (1 where DP fits and is
@@ -391,7 +379,10 @@ class PlanProfiler(PlanAdvisor):
         """Keep the curve advisor's scaling (it learns the job per size); divide its rate at
         each size by the best feasible plan's cost over plain DP there (the model's only job:
         plan penalties, as in the simulator), zero where no plan fits; the minimum size is the
-        smallest any plan fits, the maximum the largest up to the cluster's size."""
+        smallest any plan fits, the maximum the largest up to the cluster's size; where a size
+        above the smallest has no plan (FSDP2's uneven batches, no plan above some size) the
+        view lists the sizes that have one (``JobView.sizes``, honoured by every policy, and
+        what the controller snaps a job left at a size with no plan by a lost node to)."""
         out = []
         for v in views:
             jp = self.jobs.get(v.job_id)
@@ -407,13 +398,14 @@ class PlanProfiler(PlanAdvisor):
             curve = jp.scaled_curve(v.curve, n_max, name=v.job_id)
             lo = max(v.lo, ok[0])
             hi = v.hi if ok[-1] == n_max else max(lo, min(v.hi, ok[-1]))  # no plan above
-            out.append(dataclasses.replace(v, curve=curve, min_nodes=lo, max_nodes=hi))
+            holes = len(ok) != n_max - ok[0] + 1  # some size above the first has no plan
+            if holes and v.sizes is not None:
+                ok = sorted(set(ok) & set(v.sizes))
+            sizes = tuple(ok) if holes else v.sizes
+            out.append(dataclasses.replace(v, curve=curve, min_nodes=lo, max_nodes=hi,
+                                           sizes=sizes))
         return out
 
     def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
         jp = self.jobs.get(job_id)
         return None if jp is None else jp.choose(n_nodes)
-
-    def runnable_size(self, job_id: str, n_nodes: int) -> int:
-        jp = self.jobs.get(job_id)
-        return n_nodes if jp is None else jp.runnable_below(n_nodes)

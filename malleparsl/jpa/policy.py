@@ -67,7 +67,7 @@ class ProbeFirst(AllocationPolicy):
         requests = {
             j: k
             for j, k in self.advisor.probe_requests().items()  # type: ignore[attr-defined]
-            if j in by_id and by_id[j].lo <= k <= by_id[j].hi
+            if j in by_id and k > 0 and by_id[j].allows(k)
         }
         if not requests:
             return self.inner.allocate(snapshot, jobs)
@@ -82,7 +82,8 @@ class ProbeFirst(AllocationPolicy):
             placed[job] = got
         reserved = set().union(*placed.values()) if placed else set()
         rest_views = [
-            JobView(v.spec, v.curve, v.current - reserved, v.min_nodes, v.max_nodes)
+            JobView(v.spec, v.curve, v.current - reserved, v.min_nodes, v.max_nodes,
+                    sizes=v.sizes)
             for v in jobs
             if v.job_id not in placed
         ]

@@ -48,6 +48,7 @@ from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.sim.horizon import FragmentHorizon
+from malleparsl.sim.plans import KnownPlans
 from malleparsl.sim.result import EVENT_COLUMNS, JOB_COLUMNS, SIZE_COLUMNS, SimResult
 from malleparsl.sim.setups import make_setup
 from malleparsl.traces import IdleTrace
@@ -171,6 +172,7 @@ class _BFReplay:
             tfwd_s=tfwd_s,
             keep_history=True,
             horizon=self.horizon,
+            plans=KnownPlans(),  # plan-aware jobs (sim.plans): runnable sizes, as live
         )
         self.todo = sorted((j for j in jobs if j.submit_s < trace.end_s), key=lambda j: j.submit_s)
         if not all(j.curve is not None for j in self.todo):

@@ -34,6 +34,7 @@ from malleparsl.controller import Controller, KnownCurves
 from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.sim.horizon import FragmentHorizon
+from malleparsl.sim.plans import KnownPlans
 from malleparsl.sim.result import EVENT_COLUMNS, JOB_COLUMNS, SIZE_COLUMNS, SimResult
 from malleparsl.sim.setups import make_setup
 from malleparsl.traces import IdleTrace
@@ -155,6 +156,7 @@ class _Replay:
             tfwd_s=opts.tfwd_s,
             keep_history=True,
             horizon=self.horizon,
+            plans=KnownPlans(),  # plan-aware jobs (sim.plans): runnable sizes, as live
         )
         self.rng = np.random.default_rng(opts.seed)
         self.t0, self.t1 = trace.start_s, trace.end_s

@@ -30,10 +30,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malleparsl.allocator.base import ClusterSnapshot, JobView
+from malleparsl.controller import PlanAdvisor
 from malleparsl.errors import SpecError
 from malleparsl.jpa.plans import plan_aware_curve
 from malleparsl.model import JobSpec, ScalingCurve
-from malleparsl.plans import FAMILIES, ExecPlan, MemoryProfile, PlanOptions, local_batch
+from malleparsl.plans import (
+    FAMILIES,
+    ExecPlan,
+    MemoryBudgetError,
+    MemoryProfile,
+    PlanOptions,
+    local_batch,
+    parse_plan,
+)
 from malleparsl.sim.result import SimResult
 
 SUMMIT_GPU_BYTES = 16 * 2**30
@@ -87,6 +97,55 @@ class MeasuredPlusPlanCosts:
         s1 = 1.0 / self.dp.rate(1)  # seconds per sample of compute on one node
         return global_batch / self.dp.rate(n) + self.costs.extra_s(
             self.profile, plan, n, global_batch, s1)
+
+
+class KnownPlans(PlanAdvisor):
+    """The simulator's plan advisor: the plan per size fixed when the job set was built.
+
+    A plan-aware job carries its best feasible plan per size (``meta["plans"]``,
+    ``{nodes: plan name}``, from :func:`plan_jobsets`) and a curve that is 0 where no plan
+    fits. Where those sizes have holes (or stop below ``max_nodes``), the view lists the
+    runnable ones (``JobView.sizes``), as :class:`~malleparsl.jpa.plans.PlanProfiler` does
+    live, so the shared controller and every policy treat a job the same way in the simulator
+    and live (the policy never chooses a hole; a node lost at 4 nodes of a job that runs at 2
+    and 4 is handled by the policy's next answer, or by the controller's snap). Jobs without
+    ``meta["plans"]`` pass through.
+    """
+
+    def __init__(self) -> None:
+        self.plans: dict[str, dict[int, str]] = {}
+        self.holed: dict[str, tuple[int, ...]] = {}  # jobs whose runnable sizes have holes
+
+    def register(self, spec: JobSpec, now_s: float) -> None:
+        plans = spec.meta.get("plans") if spec.meta else None
+        if not plans:
+            return
+        self.plans[spec.job_id] = {int(k): str(v) for k, v in plans.items()}
+        sizes = tuple(sorted(self.plans[spec.job_id]))
+        if len(sizes) != max(spec.max_nodes, sizes[-1]) - sizes[0] + 1:  # a gap, or none above
+            self.holed[spec.job_id] = sizes
+
+    def forget(self, job_id: str) -> None:
+        self.plans.pop(job_id, None)
+        self.holed.pop(job_id, None)
+
+    def observe(self, job_id: str, plan: ExecPlan, n_nodes: int, samples_per_s: float,
+                now_s: float) -> None:
+        """Nothing to learn: the plans' costs are known."""
+
+    def adjust(self, snapshot: ClusterSnapshot, views: Sequence[JobView]) -> list[JobView]:
+        if not self.holed:
+            return list(views)
+        return [dataclasses.replace(v, sizes=self.holed[v.job_id]) if v.job_id in self.holed
+                else v for v in views]
+
+    def plan_for(self, job_id: str, n_nodes: int) -> ExecPlan | None:
+        plans = self.plans.get(job_id)
+        if plans is None:
+            return None
+        if n_nodes not in plans:
+            raise MemoryBudgetError(f"job {job_id!r}: no plan runs at {n_nodes} node(s)")
+        return parse_plan(plans[n_nodes])
 
 
 def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,

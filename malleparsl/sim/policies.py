@@ -62,29 +62,34 @@ class StaticPolicy(AllocationPolicy):
         used = 0
         waiting = []
         for j in jobs:
-            n = len(j.current)
-            if n >= j.lo:
-                sizes[j.job_id] = min(n, j.hi)
-                used += sizes[j.job_id]
+            keep = j.size_upto(len(j.current))  # a job with plan holes: a size it runs at
+            if keep:
+                sizes[j.job_id] = keep
+                used += keep
             else:
                 waiting.append(j)  # never started, or preempted below its minimum: restart
         free = len(snapshot.nodes) - used
         for i, j in enumerate(waiting):
-            share = max(j.lo, min(j.hi, free // (len(waiting) - i)))
-            if share <= free:
+            share = j.size_upto(free // (len(waiting) - i)) or j.size_from(j.lo)
+            if 0 < share <= free:
                 sizes[j.job_id] = share
                 free -= share
         return assign_counts(snapshot, jobs, sizes)
 
 
 @lru_cache(maxsize=4096)
-def _hull_segments(curve: ScalingCurve, lo: int, hi: int, weight: float) -> tuple[tuple[int, float], ...]:
-    """Upper concave envelope of ``weight * rate`` over sizes ``{0} ∪ [lo, hi]``.
+def _hull_segments(curve: ScalingCurve, lo: int, hi: int, weight: float,
+                   sizes: tuple[int, ...] | None = None) -> tuple[tuple[int, float], ...]:
+    """Upper concave envelope of ``weight * rate`` over sizes ``{0} ∪ [lo, hi]`` (only the
+    runnable ``sizes`` there, if given: plan holes).
 
     Returns segments ``(nodes, gain per node)`` with falling gains. For a concave curve this is
     the curve itself; otherwise it over-estimates between hull vertices, as a bound may.
     """
-    ns = np.r_[0, np.arange(lo, hi + 1)]
+    if sizes is None:
+        ns = np.r_[0, np.arange(lo, hi + 1)]
+    else:
+        ns = np.asarray([0, *(k for k in sizes if lo <= k <= hi)], dtype=np.int64)
     rs = weight * curve.rates_upto(hi)[ns]
     hull = [0]
     for i in range(1, len(ns)):
@@ -123,14 +128,14 @@ class UpperBoundPolicy(AllocationPolicy):
         # job sits in the heap, so the heap stays small with hundreds of waiting jobs
         groups: dict[tuple, list[int]] = {}
         for i, j in enumerate(jobs):
-            key = (id(j.curve), j.lo, j.hi, float(j.spec.weight))
+            key = (id(j.curve), j.lo, j.hi, float(j.spec.weight), j.sizes)
             groups.setdefault(key, []).append(i)
         heap: list[tuple[float, int, int, int, int]] = []  # (-gain, job, segment, nodes, group)
         seg_of: list[tuple[tuple[int, float], ...]] = []
         members: list[list[int]] = []
         for g, (key, idx) in enumerate(groups.items()):
             j = jobs[idx[0]]
-            segs = _hull_segments(j.curve, key[1], key[2], key[3])
+            segs = _hull_segments(j.curve, key[1], key[2], key[3], key[4])
             seg_of.append(segs)
             members.append(idx[::-1])  # pop() gives the earliest-submitted job first
             if segs:
@@ -142,10 +147,11 @@ class UpperBoundPolicy(AllocationPolicy):
             segs, j = seg_of[g], jobs[i]
             if k == 0 and members[g]:
                 heapq.heappush(heap, (-segs[0][1], members[g].pop(), 0, segs[0][0], g))
-            take = min(dn, free)
-            if k == 0 and take < j.lo:
-                continue  # cannot start this job on what is left
-            sizes[j.job_id] = sizes.get(j.job_id, 0) + take
+            have = sizes.get(j.job_id, 0)
+            take = j.size_upto(have + min(dn, free)) - have  # a partial segment: a runnable size
+            if take <= 0:
+                continue  # cannot start (or grow) this job on what is left
+            sizes[j.job_id] = have + take
             free -= take
             if take == dn and k + 1 < len(segs):
                 heapq.heappush(heap, (-segs[k + 1][1], i, k + 1, segs[k + 1][0], g))

@@ -53,7 +53,12 @@ def _random_jobs(rng: np.random.Generator, n_nodes: int, n_jobs: int) -> list[Jo
         # a narrowed view may leave a job holding more than its maximum or less than its minimum
         view_hi = int(rng.integers(lo, hi + 1)) if rng.random() < 0.2 else None
         rem = None if math.isinf(total) else float(total * rng.random())
-        jobs.append(JobView(spec, spec.curve, cur, max_nodes=view_hi, remaining_samples=rem))
+        # plan holes: some jobs run only at a few sizes (a held count may be one they cannot)
+        sizes = None
+        if rng.random() < 0.3:
+            sizes = tuple(int(k) for k in np.flatnonzero(rng.random(10) < 0.5) + 1) or (2,)
+        jobs.append(JobView(spec, spec.curve, cur, max_nodes=view_hi, remaining_samples=rem,
+                            sizes=sizes))
     return jobs
 
 

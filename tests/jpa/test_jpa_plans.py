@@ -342,11 +342,13 @@ def test_adjust_reuses_a_plan_jobs_view_until_a_reading_or_a_new_curve() -> None
     assert prof.adjust(snap, [JobView(spec, other)])[0].curve is not after
 
 
-def test_a_size_with_no_plan_inside_the_range_shrinks_to_one_that_has_one() -> None:
+def test_a_size_with_no_plan_inside_the_range_is_never_given() -> None:
     """FSDP2 runs only where the global batch splits evenly, so a job that fits only under it
-    has holes in its runnable sizes (64 samples: 2 and 4 nodes, not 3). A policy's answer in a
-    hole, or a node lost at 4 nodes, gets the largest runnable size below, the nodes the job
-    held kept first: the driver is never asked to launch a size with no plan."""
+    has holes in its runnable sizes (64 samples: 2 and 4 nodes, not 3). The view lists them
+    (``JobView.sizes``); a policy answering a hole breaks the rules and its answer is refused
+    (the current allocation stays), and a node lost at 4 nodes, with the policy's answer
+    refused, leaves the job the largest runnable size below, on nodes it held: the driver is
+    never asked to launch a size with no plan."""
     from malleparsl.model import Allocation
 
     class Take(AllocationPolicy):
@@ -365,7 +367,10 @@ def test_a_size_with_no_plan_inside_the_range_shrinks_to_one_that_has_one() -> N
     ctl.submit(spec_from_options({
         "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
         "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
-    ctl.replan(now_s=0)  # 3 asked: no plan there
+    ctl.replan(now_s=0)  # 3 asked: no plan there, refused
+    assert not ctl.allocation.nodes_of("f")
+    pol.k = 2
+    ctl.replan(now_s=0.5)
     assert ctl.allocation.nodes_of("f") == {"a", "b"} and ctl.plan_for("f", 2).fsdp
     pol.k = 4
     ctl.replan(now_s=1)
@@ -402,5 +407,18 @@ def test_a_minimum_inside_a_hole_moves_up_to_a_size_with_a_plan() -> None:
 
     opts = PlanOptions(prof, 64, 110 * MIB, FAMILIES)
     assert min_nodes_for(opts, 3, 8) == 4 and min_nodes_for(opts, 1, 8) == 2
-    jp = JobPlans(opts)
-    assert [jp.runnable_below(n) for n in range(1, 6)] == [0, 2, 2, 4, 4]
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.model import JobSpec, ScalingCurve
+
+    prof_ = PlanProfiler()
+    spec = JobSpec("f", max_nodes=8, meta={"plan_options": opts})
+    prof_.register(spec, 0.0)
+    curve = ScalingCurve((1, 8), (1.0, 8.0))
+    snap = ClusterSnapshot(now_s=0.0, nodes=tuple("abcdefgh"))
+    view = prof_.adjust(snap, [JobView(spec, curve)])[0]
+    assert view.sizes == (2, 4, 8) and (view.lo, view.hi) == (2, 8)  # 64 over 2, 4, 8 nodes
+    small = ClusterSnapshot(now_s=0.0, nodes=tuple("abc"))  # 3 nodes: only 2 runs
+    assert prof_.adjust(small, [JobView(spec, curve)])[0].sizes == (2,)
+    plain = JobSpec("p", max_nodes=8, meta={"plan_options": PlanOptions(prof, 64, 390 * MIB)})
+    prof_.register(plain, 0.0)
+    assert prof_.adjust(snap, [JobView(plain, curve)])[0].sizes is None  # no hole: no list

@@ -149,3 +149,43 @@ def test_jct_floor_is_below_what_the_simulator_reaches() -> None:
     assert 0 < floor <= row["plan_aware"]["mean_jct_all_h"] + 1e-9
     assert floor <= row["dp_only"]["mean_jct_all_h"] + 1e-9
     assert row["jct_all_ratio_floor"] <= row["jct_all_ratio_vs_dp_only"] + 1e-9
+
+
+@pytest.mark.parametrize("policy,semantics", [
+    ("equal-share", "default"), ("static", "default"), ("hold", "default"), ("milp", "default"),
+    ("equal-share", "bftrainer")])
+def test_simulated_plan_jobs_run_only_at_sizes_with_a_plan(policy: str, semantics: str) -> None:
+    """FSDP2 only (global batch 256): the jobs run at 2, 4, 8, ... nodes, not 3, 5, 6 or 7.
+    The simulator's controller gets the runnable sizes as live (``KnownPlans``). Old code: it
+    had no plan advisor, and equal-share and static ran a job at 3 of 7 nodes, a size with no
+    plan (rate 0 in the curve; live, the controller snapped it to 2)."""
+    jobs = load_jobset("imagenet", limit=2)
+    _, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",))
+    assert all(sorted(a.meta["plans"])[:3] == [2, 4, 8] for a in aware)
+    t0 = max(a.submit_s for a in aware)
+    tr = trace_from_fragments([(f"n{i}", t0, t0 + 3 * 3600) for i in range(7)]
+                              + [("n0", t0 + 3 * 3600 + 1, t0 + 4 * 3600)])
+    from malleparsl.sim.engine import SimOptions
+
+    res = simulate(tr, aware, policy=policy, options=SimOptions(semantics=semantics))
+    sizes = set(res.sizes["nodes"])
+    assert sizes <= {0, 2, 4, 8}, sizes
+    assert res.samples > 0
+
+
+def test_known_plans_name_the_plan_of_a_size_and_list_the_runnable_ones() -> None:
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.sim.plans import KnownPlans
+
+    jobs = load_jobset("imagenet", limit=2)
+    dp_only, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",))
+    kp = KnownPlans()
+    kp.register(dp_only[1], 0.0)  # no plans: passes through
+    assert kp.plan_for(dp_only[1].job_id, 3) is None
+    kp.register(aware[0], 0.0)
+    assert kp.plan_for(aware[0].job_id, 4) == parse_plan("fsdp")
+    with pytest.raises(Exception, match="no plan runs at 3"):
+        kp.plan_for(aware[0].job_id, 3)
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"))
+    view = kp.adjust(snap, [JobView(aware[0], aware[0].curve)])[0]
+    assert view.sizes == tuple(sorted(aware[0].meta["plans"]))

@@ -288,8 +288,9 @@ def jct_all_floor_h(
 
     Why: on a saturated slice mean JCT is capacity-bound, not order-bound. A job needs at least
     ``total_samples / best per-node rate`` node-seconds (the best over every size of every
-    curve given for it in ``curves_from``: plans are never faster per node than that), so at
-    most ``K`` jobs can finish inside the window's ``idle_node_s`` (the ``K`` cheapest). The
+    curve given for it in ``curves_from``, which must give one for every job: plans are never
+    faster per node than that), so at most ``K`` jobs can finish inside the window's
+    ``idle_node_s`` (the ``K`` cheapest). The
     bound gives those finishing jobs a JCT of 0, picks the ``K`` that waited longest, and counts
     every other job until ``end_s``, as :func:`mean_jct_all_h` does. Pauses, submission times
     and node availability over time are ignored, which only lowers the bound.
@@ -303,9 +304,13 @@ def jct_all_floor_h(
         r = j.curve.rates_upto(j.max_nodes)
         per_node = float(np.max(r[1:] / np.arange(1, len(r))))
         best[j.job_id] = max(best.get(j.job_id, 0.0), per_node)
+    missing = [j.job_id for j in specs if j.job_id not in best]
+    if missing:  # counting such a job as one that never finishes would raise the floor
+        raise SpecError(f"jct_all_floor_h: no curve given for job(s) {missing[:3]!r}; the floor "
+                        "needs every job's rates")
     need = []
     for j in specs:
-        rate = best.get(j.job_id, 0.0)
+        rate = best[j.job_id]
         need.append(j.total_samples / rate if rate > 0 else math.inf)
     k = int(np.searchsorted(np.cumsum(np.sort(need)), idle_node_s, side="right"))
     waits = np.sort([end_s - max(j.submit_s, start_s) for j in specs])[::-1]

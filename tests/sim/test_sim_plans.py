@@ -138,6 +138,10 @@ def test_jct_floor_by_hand() -> None:
     assert jct_all_floor_h(specs, faster_c, start_s=0, end_s=3600, idle_node_s=3600) == 0.0
     with pytest.raises(SpecError, match="no curve"):
         jct_all_floor_h(specs, [JobSpec("a")], start_s=0, end_s=3600, idle_node_s=3600)
+    # a job with no curve given is not one that cannot finish: c alone, 1 h of capacity, could
+    # finish (floor 0); counting it as never finishing gave its wait (1,800 s), no lower bound
+    with pytest.raises(SpecError, match="'c'"):
+        jct_all_floor_h(specs[2:], specs[:2], start_s=0, end_s=3600, idle_node_s=3600)
 
 
 def test_jct_floor_is_below_what_the_simulator_reaches() -> None:

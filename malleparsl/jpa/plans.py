@@ -382,7 +382,8 @@ class PlanProfiler(PlanAdvisor):
         smallest any plan fits, the maximum the largest up to the cluster's size; where a size
         above the smallest has no plan (FSDP2's uneven batches, no plan above some size) the
         view lists the sizes that have one (``JobView.sizes``, honoured by every policy, and
-        what the controller snaps a job left at a size with no plan by a lost node to)."""
+        what the controller snaps a job left at a size with no plan by a lost node to); none
+        (``sizes=()``) where no plan fits within the view's bounds on this cluster."""
         out = []
         for v in views:
             jp = self.jobs.get(v.job_id)
@@ -392,8 +393,8 @@ class PlanProfiler(PlanAdvisor):
             n_max = max(1, min(v.spec.max_nodes, len(snapshot.nodes)))
             costs = jp.plan_costs(n_max)
             ok = [n for n, c in enumerate(costs, 1) if c is not None]
-            if not ok or ok[0] > v.hi:
-                out.append(v)
+            if not ok or ok[0] > v.hi:  # no plan fits within its bounds here: no size runs
+                out.append(dataclasses.replace(v, sizes=()))
                 continue
             curve = jp.scaled_curve(v.curve, n_max, name=v.job_id)
             lo = max(v.lo, ok[0])

@@ -422,3 +422,33 @@ def test_a_minimum_inside_a_hole_moves_up_to_a_size_with_a_plan() -> None:
     plain = JobSpec("p", max_nodes=8, meta={"plan_options": PlanOptions(prof, 64, 390 * MIB)})
     prof_.register(plain, 0.0)
     assert prof_.adjust(snap, [JobView(plain, curve)])[0].sizes is None  # no hole: no list
+
+
+def test_a_job_with_no_plan_within_its_bounds_is_given_no_nodes() -> None:
+    """A job opted in through ``meta["plan_options"]`` keeps the spec's minimum (1 here); the
+    FSDP2-only job runs at 2 and 4 nodes. On a 1-node cluster no plan fits at any size, and a
+    view narrowed to 1 node has none within its bounds: the view must allow no size (old code
+    before the holes change: the controller snapped the answer to 0; after it, the view passed
+    through unchanged and the job was given 1 node, where launching it fails)."""
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.model import JobSpec, ScalingCurve
+    from malleparsl.plans import FAMILIES
+
+    prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
+                         unit_params=500_000)
+    opts = PlanOptions(prof, 64, 110 * MIB, FAMILIES)
+    spec = JobSpec("f", max_nodes=4, meta={"plan_options": opts})
+    pp = PlanProfiler()
+    pp.register(spec, 0.0)
+    curve = ScalingCurve((1, 4), (1.0, 4.0))
+    one = pp.adjust(ClusterSnapshot(now_s=0.0, nodes=("a",)), [JobView(spec, curve)])[0]
+    narrowed = pp.adjust(ClusterSnapshot(now_s=0.0, nodes=tuple("abcd")),
+                         [JobView(spec, curve, max_nodes=1)])[0]
+    assert not one.allows(1) and not narrowed.allows(1)
+    for name in ("greedy", "equal-share", "milp"):
+        ctl = Controller(policy=make_policy(name), advisor=LinearPlaceholderAdvisor(),
+                         plans=PlanProfiler())
+        ctl.add_nodes(["a"], now_s=0)
+        ctl.submit(spec, now_s=0)
+        ctl.replan(now_s=0)
+        assert ctl.allocation.size("f") == 0, name

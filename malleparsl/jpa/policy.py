@@ -13,6 +13,7 @@ Registered as ``make_policy("jpa", advisor=..., inner="milp", **inner_options)``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -81,9 +82,8 @@ class ProbeFirst(AllocationPolicy):
                 continue
             placed[job] = got
         reserved = set().union(*placed.values()) if placed else set()
-        rest_views = [
-            JobView(v.spec, v.curve, v.current - reserved, v.min_nodes, v.max_nodes,
-                    sizes=v.sizes)
+        rest_views = [  # every field kept (progress, runnable sizes) but the reserved nodes
+            dataclasses.replace(v, current=v.current - reserved)
             for v in jobs
             if v.job_id not in placed
         ]

@@ -76,6 +76,34 @@ def test_a_probe_in_a_hole_is_not_placed() -> None:
     assert got.size("f") == 2  # the inner policy's answer, not a probe at 3
 
 
+def test_the_probe_wrapper_hands_the_inner_policy_whole_views() -> None:
+    """The views of the jobs not probed reach the inner policy with every field but the nodes
+    reserved for probes: runnable sizes, and progress (old code rebuilt them field by field
+    and dropped ``remaining_samples``/``attained_samples``, so an inner ``hold-jct`` ranked
+    every job by its whole size whenever the curve advisor reported progress)."""
+
+    class Probe:
+        def probe_requests(self) -> dict[str, int]:
+            return {"p": 1}
+
+    class Recording(AllocationPolicy):
+        def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
+            self.seen = list(jobs)
+            return Allocation.empty()
+
+    q = JobView(JobSpec("q", max_nodes=8, total_samples=1000.0, curve=LINEAR), LINEAR,
+                frozenset({"b", "c"}), remaining_samples=5.0, attained_samples=995.0,
+                sizes=(2, 4))
+    p = JobView(JobSpec("p", max_nodes=8, curve=LINEAR), LINEAR)
+    inner = Recording()
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b", "c"))
+    got = make_policy("jpa", advisor=Probe(), inner=inner).allocate(snap, [p, q])
+    assert got.nodes_of("p") == {"a"}
+    (seen,) = inner.seen
+    assert (seen.remaining, seen.attained_samples, seen.sizes) == (5.0, 995.0, (2, 4))
+    assert seen.current == {"b", "c"}
+
+
 def test_view_sizes_helpers_and_the_exact_optimum_skip_holes() -> None:
     v = JobView(JobSpec("f", min_nodes=2, max_nodes=6, curve=LINEAR), LINEAR, sizes=(1, 2, 4, 8))
     assert [v.size_upto(k) for k in range(0, 9)] == [0, 0, 2, 2, 4, 4, 4, 4, 4]

@@ -104,9 +104,9 @@ class KnownPlans(PlanAdvisor):
 
     A plan-aware job carries its best feasible plan per size (``meta["plans"]``,
     ``{nodes: plan name}``, from :func:`plan_jobsets`) and a curve that is 0 where no plan
-    fits. Where those sizes have holes (or stop below ``max_nodes``), the view lists the
-    runnable ones (``JobView.sizes``), as :class:`~malleparsl.jpa.plans.PlanProfiler` does
-    live, so the shared controller and every policy treat a job the same way in the simulator
+    fits. Where those sizes have holes (or stop below ``max_nodes``, or start above
+    ``min_nodes``), the view lists the runnable ones (``JobView.sizes``), as
+    :class:`~malleparsl.jpa.plans.PlanProfiler` does live, so the shared controller and every policy treat a job the same way in the simulator
     and live (the policy never chooses a hole; a node lost at 4 nodes of a job that runs at 2
     and 4 is handled by the policy's next answer, or by the controller's snap). Jobs without
     ``meta["plans"]`` pass through.
@@ -122,7 +122,8 @@ class KnownPlans(PlanAdvisor):
             return
         self.plans[spec.job_id] = {int(k): str(v) for k, v in plans.items()}
         sizes = tuple(sorted(self.plans[spec.job_id]))
-        if len(sizes) != max(spec.max_nodes, sizes[-1]) - sizes[0] + 1:  # a gap, or none above
+        # a gap, none above, or none at the spec's minimum (live, the profiler raises it)
+        if len(sizes) != max(spec.max_nodes, sizes[-1]) - sizes[0] + 1 or sizes[0] > spec.min_nodes:
             self.holed[spec.job_id] = sizes
 
     def forget(self, job_id: str) -> None:

@@ -193,3 +193,23 @@ def test_known_plans_name_the_plan_of_a_size_and_list_the_runnable_ones() -> Non
     snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"))
     view = kp.adjust(snap, [JobView(aware[0], aware[0].curve)])[0]
     assert view.sizes == tuple(sorted(aware[0].meta["plans"]))
+
+
+def test_known_plans_keep_a_job_off_sizes_below_its_first_plan() -> None:
+    """A spec whose minimum is below its first plan (built by hand, not by ``plan_jobsets``):
+    plans at 2-4 nodes, min_nodes 1. The view must not allow 1 node (old code: no hole above
+    the first plan, so no sizes listed, and equal-share ran the job at 1 node, rate 0), as
+    live, where the profiler raises the view's minimum to the first size a plan fits."""
+    from malleparsl.allocator import make_policy
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.model import JobSpec, ScalingCurve
+    from malleparsl.sim.plans import KnownPlans
+
+    curve = ScalingCurve((1, 2, 4), (0.0, 200.0, 400.0))
+    spec = JobSpec("f", max_nodes=4, curve=curve, meta={"plans": {2: "dp", 3: "dp", 4: "dp"}})
+    kp = KnownPlans()
+    kp.register(spec, 0.0)
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a",))
+    (view,) = kp.adjust(snap, [JobView(spec, curve)])
+    assert not view.allows(1) and view.allows(2)
+    assert make_policy("equal-share").allocate(snap, [view]).size("f") == 0

@@ -27,6 +27,7 @@ BFTrainer's accounting, 3-17 % behind it on 24 h windows).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 
@@ -70,6 +71,12 @@ EXPOSURES = ("none", "first", "each")
 
 MIN_SOLVER_S = 0.05
 """The solver's time when the budget is nearly spent by building and reducing the model."""
+
+LEARN_HOLDS = (False, "mean", "median", "calibrate")
+"""``milp-horizon``'s ``learn_hold``: what it learns from how long its grows were kept."""
+
+MIN_CALIBRATED = 5
+"""``learn_hold="calibrate"``: finished grows seen before the learnt ratio is used."""
 
 MIN_LEARNT_CAP_S = 1.0
 """``learn_hold``: floor of the learnt horizon cap (0 s samples are real, a 0 s cap is not)."""
@@ -166,6 +173,7 @@ class MilpPolicy(AllocationPolicy):
         tie_seed: int | None = None,
         learn_hold: bool | str = False,
         exposure: str | bool = "none",
+        bundle: bool = False,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -189,16 +197,24 @@ class MilpPolicy(AllocationPolicy):
         self.tie_seed = tie_seed
         if learn_hold is True:
             learn_hold = "mean"
-        if learn_hold not in (False, "mean", "median"):
-            raise SpecError(f"learn_hold must be False, 'mean' or 'median', got {learn_hold!r}")
+        if learn_hold not in LEARN_HOLDS:
+            raise SpecError(
+                f"learn_hold must be False, 'mean', 'median' or 'calibrate', got {learn_hold!r}"
+            )
         self.learn_hold = learn_hold
         self._kept: list[float] = []  # how long each grown node was kept, in this run
+        # learn_hold="calibrate": open grows (when, predicted hold, job, nodes added) and, per
+        # finished grow, its realised hold over the predicted one
+        self._open: list[tuple[float, float, str, frozenset]] = []
+        self._ratios: list[float] = []
         self._added: dict[tuple[str, object], float] = {}  # (job, node) -> when a grow added it
         if isinstance(exposure, bool):
             exposure = "first" if exposure else "none"
         if exposure not in EXPOSURES:
             raise SpecError(f"exposure must be one of {', '.join(EXPOSURES)}, got {exposure!r}")
         self.exposure = exposure
+        self.bundle = bool(bundle)
+        self._given: dict[str, frozenset] = {}  # job -> nodes of this policy's last answer
         if horizon_cap_s is not None and not (
             isinstance(horizon_cap_s, (int, float)) and horizon_cap_s > 0
         ):
@@ -209,6 +225,7 @@ class MilpPolicy(AllocationPolicy):
             "default_horizon_s": default_horizon_s,
             "horizon_cap_s": horizon_cap_s,
             "max_levels": None if max_levels == 1 else max_levels,
+            "bundle": bundle or None,
         }
         given = {k: v for k, v in horizon_only.items() if v is not None}
         if not horizon and given:
@@ -231,16 +248,20 @@ class MilpPolicy(AllocationPolicy):
         self.last_result, self.last_fallback = None, False
         if self.horizon and self.learn_hold:
             self._observe_kept(snapshot.now_s, jobs)
-        horizons = node_horizons(
+        horizons = raw = node_horizons(
             snapshot,
             default_s=self.default_horizon_s if self.horizon else None,
             cap_s=self._cap_s() if self.horizon else None,
         )
+        ratio = self._ratio()
+        if ratio is not None:
+            horizons = {n: h * ratio for n, h in raw.items()}
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
         if self._tie_rng is not None:
             jobs = [jobs[int(i)] for i in self._tie_rng.permutation(len(jobs))]
         weights = work_weights(jobs, len(snapshot.nodes)) if self.value == "work" else None
+        pausing = self._pausing(jobs) if self.bundle else frozenset()
         table = full = build_options(
             snapshot,
             jobs,
@@ -250,6 +271,7 @@ class MilpPolicy(AllocationPolicy):
             costs=self.costs,
             weights=weights,
             exposure=self.exposure,
+            pausing=pausing,
         )
         red = reduce_options(table, len(jobs), gap=self.mip_gap) if self.reduce else None
         mine: list[int] | None = None  # the reduction's feasible choice, as rows of the kept table
@@ -307,7 +329,7 @@ class MilpPolicy(AllocationPolicy):
             )
             score = lambda a: horizon_objective(  # noqa: E731
                 snapshot, jobs, a.assignment, horizons, self.costs, weights,
-                exposure=self.exposure,
+                exposure=self.exposure, pausing=pausing,
             )
             mine = score(alloc)
             if score(keep) > mine + 1e-9 * abs(mine):
@@ -315,9 +337,27 @@ class MilpPolicy(AllocationPolicy):
         if self.horizon and self.learn_hold:
             for j in jobs:
                 if j.current and len(alloc.nodes_of(j.job_id)) > len(j.current):
-                    for n in alloc.nodes_of(j.job_id) - j.current:
+                    added = alloc.nodes_of(j.job_id) - j.current
+                    for n in added:
                         self._added[(j.job_id, n)] = snapshot.now_s
+                    if self.learn_hold == "calibrate":
+                        rk = j.curve.rate(len(alloc.nodes_of(j.job_id)))
+                        job_h = j.spec.total_samples / rk if rk > 0 else math.inf
+                        pred = min(min(raw[n] for n in added), job_h)
+                        self._open.append((snapshot.now_s, pred, j.job_id, frozenset(added)))
+        if self.bundle:
+            self._given = {j.job_id: alloc.nodes_of(j.job_id) for j in jobs}
         return alloc
+
+    def _pausing(self, jobs: Sequence[JobView]) -> frozenset[int]:
+        """Jobs that lost nodes since this policy's last answer: they pause at this event
+        whatever it gives them (the engine charges one pause per job and event)."""
+        out = set()
+        for ji, j in enumerate(jobs):
+            given = self._given.get(j.job_id)
+            if given is not None and j.current < given:
+                out.add(ji)
+        return frozenset(out)
 
     def _cap_s(self) -> float | None:
         """The horizon cap: the fixed one, or (``learn_hold``) the mean or median time grown
@@ -325,7 +365,7 @@ class MilpPolicy(AllocationPolicy):
         given back). Floored at ``MIN_LEARNT_CAP_S``: nodes taken back at the instant they were
         added give 0 s samples, and a cap must be positive."""
         cap = self.horizon_cap_s
-        if self.learn_hold and self._kept:
+        if self.learn_hold in ("mean", "median") and self._kept:
             kept = (
                 sum(self._kept) / len(self._kept)  # the same additions, in order, as before
                 if self.learn_hold == "mean"
@@ -341,6 +381,22 @@ class MilpPolicy(AllocationPolicy):
         held = {(j.job_id, n) for j in jobs for n in j.current}
         for key in [k for k in self._added if k not in held]:
             self._kept.append(now_s - self._added.pop(key))
+        if self.learn_hold == "calibrate":
+            cur = {j.job_id: j.current for j in jobs}
+            still = []
+            for t, pred, job, added in self._open:
+                if job in cur and added <= cur[job]:
+                    still.append((t, pred, job, added))
+                else:  # its first node left the job (taken back, moved) or the job left
+                    self._ratios.append((now_s - t) / max(pred, MIN_LEARNT_CAP_S))
+            self._open = still
+
+    def _ratio(self) -> float | None:
+        """``learn_hold="calibrate"``: the median, over this run's finished grows, of realised
+        over predicted hold (``None`` before ``MIN_CALIBRATED`` of them)."""
+        if self.learn_hold != "calibrate" or len(self._ratios) < MIN_CALIBRATED:
+            return None
+        return max(float(np.median(self._ratios)), 1e-3)
 
     def _exact_dp(self, table: OptionTable, n_jobs: int) -> list[int] | None:
         """One pool: the exact optimum by dynamic programming (``None``: use the solver)."""

@@ -148,11 +148,21 @@ class MilpPolicy(AllocationPolicy):
         job so far in the run (until given back, taken back or the job left). The node's idle
         time overstates how long a grow pays: the allocation is revisited at the next events
         (measured on ImageNet 24 h: ~650 s assumed against ~190 s median, ~360 s mean kept).
+        ``"calibrate"`` scales every horizon instead (keeping their order) by the median, over
+        this run's finished grows (at least ``MIN_CALIBRATED``), of how long the grow lasted
+        until its first added node left the job (taken back, moved by the policy, or the job
+        done) over the hold the model predicted for it (docs/allocator.md, item 2: ~650 s
+        predicted against ~130-220 s median realised, the machine's reclaims, the policy's
+        own moves and job ends together).
     exposure
         With ``horizon``: ``"first"`` (or ``True``): a grow whose new nodes are expected to
         leave before the job is done also pays the shrink pause then
         (``rescale_down_s x r(k)``), as in ``hold``; ``"each"``: one such pause per distinct
         departure time among the new nodes; ``"none"`` (default) pays nothing.
+    bundle
+        With ``horizon``: a job that lost nodes since this policy's last answer pauses at this
+        event whatever it is given (one pause per job and event), so keeping its size is
+        charged that shrink pause too and a grow costs it only the difference.
     """
 
     def __init__(

@@ -143,3 +143,65 @@ def test_a_bad_horizon_cap_is_refused_when_the_policy_is_built(cap):
     """Not at the first decision of a live run."""
     with pytest.raises(SpecError, match="horizon_cap_s"):
         make_policy("milp-horizon", horizon_cap_s=cap)
+
+
+def test_calibrate_scales_horizons_by_how_long_grows_really_lasted():
+    """Five grows onto nodes predicted to stay 1,000 s, each taken back after 5 s: the median
+    realised / predicted is 0.005. A node predicted to stay 1,000 s is then worth 5 s (gain
+    500 < pause 1,000: declined); one predicted to stay 1e6 s is worth 5,000 s (taken). A cap
+    at the kept time (``learn_hold="median"``) declines both."""
+    spec = _holder()
+    pol = make_policy("milp-horizon", learn_hold="calibrate")
+    capped = make_policy("milp-horizon", learn_hold="median")
+    for i in range(5):
+        t = 100.0 * i
+        snap = ClusterSnapshot(now_s=t, nodes=("a", f"b{i}"), node_end_s={f"b{i}": t + 1000})
+        for p in (pol, capped):
+            got = p.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j")
+            assert got == 2 or p is capped  # the cap has learnt 5 s after the first one
+            held = JobView(spec, LINEAR, frozenset({"a"}))  # b_i taken back after 5 s
+            p.allocate(ClusterSnapshot(now_s=t + 5, nodes=("a",)), [held])
+    job = JobView(spec, LINEAR, frozenset({"a"}))
+    short = ClusterSnapshot(now_s=600.0, nodes=("a", "c"), node_end_s={"c": 1600.0})
+    long = ClusterSnapshot(now_s=600.0, nodes=("a", "d"), node_end_s={"d": 600.0 + 1e6})
+    assert make_policy("milp-horizon").allocate(short, [job]).size("j") == 2
+    assert pol.allocate(short, [job]).size("j") == 1
+    assert pol.allocate(long, [job]).size("j") == 2
+    assert capped.allocate(long, [job]).size("j") == 1
+
+
+def test_calibrate_waits_for_enough_finished_grows():
+    """Before five grows have ended, horizons are the estimator's (as ``milp-horizon``)."""
+    spec = _holder()
+    pol = make_policy("milp-horizon", learn_hold="calibrate")
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
+    assert pol.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+    pol.allocate(ClusterSnapshot(now_s=5.0, nodes=("a",)), [JobView(spec, LINEAR, frozenset({"a"}))])
+    snap2 = ClusterSnapshot(now_s=10.0, nodes=("a", "c"), node_end_s={"c": 1010.0})
+    assert pol.allocate(snap2, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+
+
+def test_bundle_a_job_that_lost_nodes_grows_for_the_pause_difference_only():
+    """j was given a and b; b is taken back, c (free) stays 8 s. A grow to 2 gains 800 for a
+    1,000 pause: declined. But j pauses anyway (it lost b: 1,000 if it keeps its size), so
+    with ``bundle`` the grow costs it nothing more than keeping and is taken."""
+    spec = _holder()
+
+    def second_decision(**opts):
+        pol = make_policy("milp-horizon", **opts)
+        snap0 = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
+        assert pol.allocate(snap0, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+        snap1 = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 9.0})
+        return pol.allocate(snap1, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j")
+
+    assert second_decision() == 1
+    assert second_decision(bundle=True) == 2
+    # without a loss the same grow is declined with bundle too
+    pol = make_policy("milp-horizon", bundle=True)
+    snap = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 9.0})
+    assert pol.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 1
+
+
+def test_bundle_needs_horizons():
+    with pytest.raises(SpecError, match="horizon"):
+        make_policy("milp", bundle=True)

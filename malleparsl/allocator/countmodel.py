@@ -121,14 +121,10 @@ def build_options(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
-    pausing: frozenset[int] = frozenset(),
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
     Without ``horizon_aware`` every node's horizon is ``tfwd_s``: one level, BFTrainer's values.
-    ``pausing``: indexes of jobs that pause at this event whatever they are given (they lost
-    nodes): keeping their size costs them ``rescale_down_s x r(c)`` too, so a grow costs only
-    the difference.
     """
     tfwd = snapshot.tfwd_s
     nodes = snapshot.nodes
@@ -169,10 +165,9 @@ def build_options(
             cur_h, cur_lev = np.full(c, tfwd), np.zeros(c, dtype=np.int64)
         ng = sizes[sizes <= c]
         h_rel = cur_h[np.maximum(c - ng - 1, 0)] if c else np.zeros(ng.size)
-        keep_pay = down_s * rc if ji in pausing else 0.0
         ng_vals = np.where(
             ng == c,
-            w * (base - keep_pay),
+            w * base,
             w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)),
         )
         keep_idx = _prune_nongrow(ng, ng_vals)
@@ -270,7 +265,6 @@ def horizon_objective(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
-    pausing: frozenset[int] = frozenset(),
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
@@ -289,8 +283,6 @@ def horizon_objective(
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
             v -= pay
-        elif c and ji in pausing:  # it lost nodes: keeping its size pauses it as well
-            v -= j.spec.rescale_down_s * r(c)
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
 

@@ -159,10 +159,6 @@ class MilpPolicy(AllocationPolicy):
         leave before the job is done also pays the shrink pause then
         (``rescale_down_s x r(k)``), as in ``hold``; ``"each"``: one such pause per distinct
         departure time among the new nodes; ``"none"`` (default) pays nothing.
-    bundle
-        With ``horizon``: a job that lost nodes since this policy's last answer pauses at this
-        event whatever it is given (one pause per job and event), so keeping its size is
-        charged that shrink pause too and a grow costs it only the difference.
     """
 
     def __init__(
@@ -183,7 +179,6 @@ class MilpPolicy(AllocationPolicy):
         tie_seed: int | None = None,
         learn_hold: bool | str = False,
         exposure: str | bool = "none",
-        bundle: bool = False,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -223,8 +218,6 @@ class MilpPolicy(AllocationPolicy):
         if exposure not in EXPOSURES:
             raise SpecError(f"exposure must be one of {', '.join(EXPOSURES)}, got {exposure!r}")
         self.exposure = exposure
-        self.bundle = bool(bundle)
-        self._given: dict[str, frozenset] = {}  # job -> nodes of this policy's last answer
         if horizon_cap_s is not None and not (
             isinstance(horizon_cap_s, (int, float)) and horizon_cap_s > 0
         ):
@@ -235,7 +228,6 @@ class MilpPolicy(AllocationPolicy):
             "default_horizon_s": default_horizon_s,
             "horizon_cap_s": horizon_cap_s,
             "max_levels": None if max_levels == 1 else max_levels,
-            "bundle": bundle or None,
         }
         given = {k: v for k, v in horizon_only.items() if v is not None}
         if not horizon and given:
@@ -271,7 +263,6 @@ class MilpPolicy(AllocationPolicy):
         if self._tie_rng is not None:
             jobs = [jobs[int(i)] for i in self._tie_rng.permutation(len(jobs))]
         weights = work_weights(jobs, len(snapshot.nodes)) if self.value == "work" else None
-        pausing = self._pausing(jobs) if self.bundle else frozenset()
         table = full = build_options(
             snapshot,
             jobs,
@@ -281,7 +272,6 @@ class MilpPolicy(AllocationPolicy):
             costs=self.costs,
             weights=weights,
             exposure=self.exposure,
-            pausing=pausing,
         )
         red = reduce_options(table, len(jobs), gap=self.mip_gap) if self.reduce else None
         mine: list[int] | None = None  # the reduction's feasible choice, as rows of the kept table
@@ -339,7 +329,7 @@ class MilpPolicy(AllocationPolicy):
             )
             score = lambda a: horizon_objective(  # noqa: E731
                 snapshot, jobs, a.assignment, horizons, self.costs, weights,
-                exposure=self.exposure, pausing=pausing,
+                exposure=self.exposure,
             )
             mine = score(alloc)
             if score(keep) > mine + 1e-9 * abs(mine):
@@ -348,26 +338,15 @@ class MilpPolicy(AllocationPolicy):
             for j in jobs:
                 if j.current and len(alloc.nodes_of(j.job_id)) > len(j.current):
                     added = alloc.nodes_of(j.job_id) - j.current
-                    for n in added:
-                        self._added[(j.job_id, n)] = snapshot.now_s
-                    if self.learn_hold == "calibrate":
+                    if self.learn_hold != "calibrate":
+                        for n in added:
+                            self._added[(j.job_id, n)] = snapshot.now_s
+                    else:
                         rk = j.curve.rate(len(alloc.nodes_of(j.job_id)))
                         job_h = j.spec.total_samples / rk if rk > 0 else math.inf
                         pred = min(min(raw[n] for n in added), job_h)
                         self._open.append((snapshot.now_s, pred, j.job_id, frozenset(added)))
-        if self.bundle:
-            self._given = {j.job_id: alloc.nodes_of(j.job_id) for j in jobs}
         return alloc
-
-    def _pausing(self, jobs: Sequence[JobView]) -> frozenset[int]:
-        """Jobs that lost nodes since this policy's last answer: they pause at this event
-        whatever it gives them (the engine charges one pause per job and event)."""
-        out = set()
-        for ji, j in enumerate(jobs):
-            given = self._given.get(j.job_id)
-            if given is not None and j.current < given:
-                out.add(ji)
-        return frozenset(out)
 
     def _cap_s(self) -> float | None:
         """The horizon cap: the fixed one, or (``learn_hold``) the mean or median time grown
@@ -406,7 +385,7 @@ class MilpPolicy(AllocationPolicy):
         over predicted hold (``None`` before ``MIN_CALIBRATED`` of them)."""
         if self.learn_hold != "calibrate" or len(self._ratios) < MIN_CALIBRATED:
             return None
-        return max(float(np.median(self._ratios)), 1e-3)
+        return max(float(np.median(self._ratios)), 1e-3)  # a horizon of 0 s grows nothing
 
     def _exact_dp(self, table: OptionTable, n_jobs: int) -> list[int] | None:
         """One pool: the exact optimum by dynamic programming (``None``: use the solver)."""

@@ -179,29 +179,3 @@ def test_calibrate_waits_for_enough_finished_grows():
     pol.allocate(ClusterSnapshot(now_s=5.0, nodes=("a",)), [JobView(spec, LINEAR, frozenset({"a"}))])
     snap2 = ClusterSnapshot(now_s=10.0, nodes=("a", "c"), node_end_s={"c": 1010.0})
     assert pol.allocate(snap2, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
-
-
-def test_bundle_a_job_that_lost_nodes_grows_for_the_pause_difference_only():
-    """j was given a and b; b is taken back, c (free) stays 8 s. A grow to 2 gains 800 for a
-    1,000 pause: declined. But j pauses anyway (it lost b: 1,000 if it keeps its size), so
-    with ``bundle`` the grow costs it nothing more than keeping and is taken."""
-    spec = _holder()
-
-    def second_decision(**opts):
-        pol = make_policy("milp-horizon", **opts)
-        snap0 = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
-        assert pol.allocate(snap0, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
-        snap1 = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 9.0})
-        return pol.allocate(snap1, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j")
-
-    assert second_decision() == 1
-    assert second_decision(bundle=True) == 2
-    # without a loss the same grow is declined with bundle too
-    pol = make_policy("milp-horizon", bundle=True)
-    snap = ClusterSnapshot(now_s=1.0, nodes=("a", "c"), node_end_s={"c": 9.0})
-    assert pol.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 1
-
-
-def test_bundle_needs_horizons():
-    with pytest.raises(SpecError, match="horizon"):
-        make_policy("milp", bundle=True)

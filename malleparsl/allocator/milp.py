@@ -78,6 +78,12 @@ LEARN_HOLDS = (False, "mean", "median", "calibrate")
 MIN_CALIBRATED = 5
 """``learn_hold="calibrate"``: finished grows seen before the learnt ratio is used."""
 
+ARRIVALS = (False, "next")
+"""``milp-horizon``'s ``arrivals``: value growth only until nodes would come anyway."""
+
+MIN_ARRIVALS = 5
+"""``arrivals``: arrivals of idle nodes seen before the learnt wait is used."""
+
 MIN_LEARNT_CAP_S = 1.0
 """``learn_hold``: floor of the learnt horizon cap (0 s samples are real, a 0 s cap is not)."""
 
@@ -154,6 +160,13 @@ class MilpPolicy(AllocationPolicy):
         done) over the hold the model predicted for it (docs/allocator.md, item 2: ~650 s
         predicted against ~130-220 s median realised, the machine's reclaims, the policy's
         own moves and job ends together).
+    arrivals
+        With ``horizon``: ``"next"`` caps every horizon at the mean time between arrivals of
+        idle nodes (decisions at which nodes appear that were not idle at the previous one),
+        learnt in the run: where nodes arrive often, a job not grown now gets nodes at the
+        next arrival anyway, in one pause instead of two, so growing it now is worth only the
+        gain until then (and a job shrunk now is refilled then). ``False`` (default): no cap.
+        Measured in docs/allocator.md (item 2, session 7).
     exposure
         With ``horizon``: ``"first"`` (or ``True``): a grow whose new nodes are expected to
         leave before the job is done also pays the shrink pause then
@@ -179,6 +192,7 @@ class MilpPolicy(AllocationPolicy):
         tie_seed: int | None = None,
         learn_hold: bool | str = False,
         exposure: str | bool = "none",
+        arrivals: str | bool = False,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -207,6 +221,16 @@ class MilpPolicy(AllocationPolicy):
                 f"learn_hold must be False, 'mean', 'median' or 'calibrate', got {learn_hold!r}"
             )
         self.learn_hold = learn_hold
+        if arrivals is True:
+            arrivals = "next"
+        if arrivals not in ARRIVALS:
+            raise SpecError(f"arrivals must be False or 'next', got {arrivals!r}")
+        self.arrivals = arrivals
+        # arrivals: the idle nodes at the previous decision, the first decision's time and
+        # how many decisions since saw nodes arrive
+        self._idle: frozenset | None = None
+        self._t_first: float | None = None
+        self._n_arrivals = 0
         self._kept: list[float] = []  # how long each grown node was kept, in this run
         # learn_hold="calibrate": open grows (when, predicted hold, job, nodes added) and, per
         # finished grow, its realised hold over the predicted one
@@ -224,6 +248,7 @@ class MilpPolicy(AllocationPolicy):
             raise SpecError(f"horizon_cap_s must be a number > 0 (or None), got {horizon_cap_s!r}")
         horizon_only = {
             "learn_hold": learn_hold or None,
+            "arrivals": arrivals or None,
             "exposure": None if exposure == "none" else exposure,
             "default_horizon_s": default_horizon_s,
             "horizon_cap_s": horizon_cap_s,
@@ -258,6 +283,9 @@ class MilpPolicy(AllocationPolicy):
         ratio = self._ratio()
         if ratio is not None:
             horizons = {n: h * ratio for n, h in raw.items()}
+        wait = self._arrival_wait(snapshot) if self.horizon and self.arrivals else None
+        if wait is not None:
+            horizons = {n: min(h, wait) for n, h in horizons.items()}
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
         if self._tie_rng is not None:
@@ -379,6 +407,20 @@ class MilpPolicy(AllocationPolicy):
                 else:  # its first node left the job (taken back, moved) or the job left
                     self._ratios.append((now_s - t) / max(pred, MIN_LEARNT_CAP_S))
             self._open = still
+
+    def _arrival_wait(self, snapshot: ClusterSnapshot) -> float | None:
+        """``arrivals``: record whether idle nodes arrived since the previous decision; the
+        expected wait until a job would get nodes anyway (``None`` before ``MIN_ARRIVALS``)."""
+        now = snapshot.now_s
+        idle = frozenset(snapshot.nodes)
+        if self._idle is None:
+            self._t_first = now
+        elif idle - self._idle:
+            self._n_arrivals += 1
+        self._idle = idle
+        if self._n_arrivals < MIN_ARRIVALS or self._t_first is None:
+            return None
+        return max((now - self._t_first) / self._n_arrivals, MIN_LEARNT_CAP_S)
 
     def _ratio(self) -> float | None:
         """``learn_hold="calibrate"``: the median, over this run's finished grows, of realised

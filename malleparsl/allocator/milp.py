@@ -27,6 +27,7 @@ BFTrainer's accounting, 3-17 % behind it on 24 h windows).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 
@@ -70,6 +71,18 @@ EXPOSURES = ("none", "first", "each")
 
 MIN_SOLVER_S = 0.05
 """The solver's time when the budget is nearly spent by building and reducing the model."""
+
+LEARN_HOLDS = (False, "mean", "median", "calibrate")
+"""``milp-horizon``'s ``learn_hold``: what it learns from how long its grows were kept."""
+
+MIN_CALIBRATED = 5
+"""``learn_hold="calibrate"``: finished grows seen before the learnt ratio is used."""
+
+ARRIVALS = (False, "next")
+"""``milp-horizon``'s ``arrivals``: value growth only until nodes would come anyway."""
+
+MIN_ARRIVALS = 5
+"""``arrivals``: arrivals of idle nodes seen before the learnt wait is used."""
 
 MIN_LEARNT_CAP_S = 1.0
 """``learn_hold``: floor of the learnt horizon cap (0 s samples are real, a 0 s cap is not)."""
@@ -141,6 +154,19 @@ class MilpPolicy(AllocationPolicy):
         job so far in the run (until given back, taken back or the job left). The node's idle
         time overstates how long a grow pays: the allocation is revisited at the next events
         (measured on ImageNet 24 h: ~650 s assumed against ~190 s median, ~360 s mean kept).
+        ``"calibrate"`` scales every horizon instead (keeping their order) by the median, over
+        this run's finished grows (at least ``MIN_CALIBRATED``), of how long the grow lasted
+        until its first added node left the job (taken back, moved by the policy, or the job
+        done) over the hold the model predicted for it (docs/allocator.md, item 2: ~650 s
+        predicted against ~130-220 s median realised, the machine's reclaims, the policy's
+        own moves and job ends together).
+    arrivals
+        With ``horizon``: ``"next"`` caps every horizon at the mean time between arrivals of
+        idle nodes (decisions at which nodes appear that were not idle at the previous one),
+        learnt in the run: where nodes arrive often, a job not grown now gets nodes at the
+        next arrival anyway, in one pause instead of two, so growing it now is worth only the
+        gain until then (and a job shrunk now is refilled then). ``False`` (default): no cap.
+        Measured in docs/allocator.md (item 2, session 7).
     exposure
         With ``horizon``: ``"first"`` (or ``True``): a grow whose new nodes are expected to
         leave before the job is done also pays the shrink pause then
@@ -166,6 +192,7 @@ class MilpPolicy(AllocationPolicy):
         tie_seed: int | None = None,
         learn_hold: bool | str = False,
         exposure: str | bool = "none",
+        arrivals: str | bool = False,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -189,10 +216,26 @@ class MilpPolicy(AllocationPolicy):
         self.tie_seed = tie_seed
         if learn_hold is True:
             learn_hold = "mean"
-        if learn_hold not in (False, "mean", "median"):
-            raise SpecError(f"learn_hold must be False, 'mean' or 'median', got {learn_hold!r}")
+        if learn_hold not in LEARN_HOLDS:
+            raise SpecError(
+                f"learn_hold must be False, 'mean', 'median' or 'calibrate', got {learn_hold!r}"
+            )
         self.learn_hold = learn_hold
+        if arrivals is True:
+            arrivals = "next"
+        if arrivals not in ARRIVALS:
+            raise SpecError(f"arrivals must be False or 'next', got {arrivals!r}")
+        self.arrivals = arrivals
+        # arrivals: the idle nodes at the previous decision, the first decision's time and
+        # how many decisions since saw nodes arrive
+        self._idle: frozenset | None = None
+        self._t_first: float | None = None
+        self._n_arrivals = 0
         self._kept: list[float] = []  # how long each grown node was kept, in this run
+        # learn_hold="calibrate": open grows (when, predicted hold, job, nodes added) and, per
+        # finished grow, its realised hold over the predicted one
+        self._open: list[tuple[float, float, str, frozenset]] = []
+        self._ratios: list[float] = []
         self._added: dict[tuple[str, object], float] = {}  # (job, node) -> when a grow added it
         if isinstance(exposure, bool):
             exposure = "first" if exposure else "none"
@@ -205,6 +248,7 @@ class MilpPolicy(AllocationPolicy):
             raise SpecError(f"horizon_cap_s must be a number > 0 (or None), got {horizon_cap_s!r}")
         horizon_only = {
             "learn_hold": learn_hold or None,
+            "arrivals": arrivals or None,
             "exposure": None if exposure == "none" else exposure,
             "default_horizon_s": default_horizon_s,
             "horizon_cap_s": horizon_cap_s,
@@ -231,11 +275,17 @@ class MilpPolicy(AllocationPolicy):
         self.last_result, self.last_fallback = None, False
         if self.horizon and self.learn_hold:
             self._observe_kept(snapshot.now_s, jobs)
-        horizons = node_horizons(
+        horizons = raw = node_horizons(
             snapshot,
             default_s=self.default_horizon_s if self.horizon else None,
             cap_s=self._cap_s() if self.horizon else None,
         )
+        ratio = self._ratio()
+        if ratio is not None:
+            horizons = {n: h * ratio for n, h in raw.items()}
+        wait = self._arrival_wait(snapshot) if self.horizon and self.arrivals else None
+        if wait is not None:
+            horizons = {n: min(h, wait) for n, h in horizons.items()}
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
         if self._tie_rng is not None:
@@ -315,8 +365,15 @@ class MilpPolicy(AllocationPolicy):
         if self.horizon and self.learn_hold:
             for j in jobs:
                 if j.current and len(alloc.nodes_of(j.job_id)) > len(j.current):
-                    for n in alloc.nodes_of(j.job_id) - j.current:
-                        self._added[(j.job_id, n)] = snapshot.now_s
+                    added = alloc.nodes_of(j.job_id) - j.current
+                    if self.learn_hold != "calibrate":
+                        for n in added:
+                            self._added[(j.job_id, n)] = snapshot.now_s
+                    else:
+                        rk = j.curve.rate(len(alloc.nodes_of(j.job_id)))
+                        job_h = j.spec.total_samples / rk if rk > 0 else math.inf
+                        pred = min(min(raw[n] for n in added), job_h)
+                        self._open.append((snapshot.now_s, pred, j.job_id, frozenset(added)))
         return alloc
 
     def _cap_s(self) -> float | None:
@@ -325,7 +382,7 @@ class MilpPolicy(AllocationPolicy):
         given back). Floored at ``MIN_LEARNT_CAP_S``: nodes taken back at the instant they were
         added give 0 s samples, and a cap must be positive."""
         cap = self.horizon_cap_s
-        if self.learn_hold and self._kept:
+        if self.learn_hold in ("mean", "median") and self._kept:
             kept = (
                 sum(self._kept) / len(self._kept)  # the same additions, in order, as before
                 if self.learn_hold == "mean"
@@ -341,6 +398,36 @@ class MilpPolicy(AllocationPolicy):
         held = {(j.job_id, n) for j in jobs for n in j.current}
         for key in [k for k in self._added if k not in held]:
             self._kept.append(now_s - self._added.pop(key))
+        if self.learn_hold == "calibrate":
+            cur = {j.job_id: j.current for j in jobs}
+            still = []
+            for t, pred, job, added in self._open:
+                if job in cur and added <= cur[job]:
+                    still.append((t, pred, job, added))
+                else:  # its first node left the job (taken back, moved) or the job left
+                    self._ratios.append((now_s - t) / max(pred, MIN_LEARNT_CAP_S))
+            self._open = still
+
+    def _arrival_wait(self, snapshot: ClusterSnapshot) -> float | None:
+        """``arrivals``: record whether idle nodes arrived since the previous decision; the
+        expected wait until a job would get nodes anyway (``None`` before ``MIN_ARRIVALS``)."""
+        now = snapshot.now_s
+        idle = frozenset(snapshot.nodes)
+        if self._idle is None:
+            self._t_first = now
+        elif idle - self._idle:
+            self._n_arrivals += 1
+        self._idle = idle
+        if self._n_arrivals < MIN_ARRIVALS or self._t_first is None:
+            return None
+        return max((now - self._t_first) / self._n_arrivals, MIN_LEARNT_CAP_S)
+
+    def _ratio(self) -> float | None:
+        """``learn_hold="calibrate"``: the median, over this run's finished grows, of realised
+        over predicted hold (``None`` before ``MIN_CALIBRATED`` of them)."""
+        if self.learn_hold != "calibrate" or len(self._ratios) < MIN_CALIBRATED:
+            return None
+        return max(float(np.median(self._ratios)), 1e-3)  # a horizon of 0 s grows nothing
 
     def _exact_dp(self, table: OptionTable, n_jobs: int) -> list[int] | None:
         """One pool: the exact optimum by dynamic programming (``None``: use the solver)."""

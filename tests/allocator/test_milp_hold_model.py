@@ -143,3 +143,79 @@ def test_a_bad_horizon_cap_is_refused_when_the_policy_is_built(cap):
     """Not at the first decision of a live run."""
     with pytest.raises(SpecError, match="horizon_cap_s"):
         make_policy("milp-horizon", horizon_cap_s=cap)
+
+
+def test_calibrate_scales_horizons_by_how_long_grows_really_lasted():
+    """Five grows onto nodes predicted to stay 1,000 s, each taken back after 5 s: the median
+    realised / predicted is 0.005. A node predicted to stay 1,000 s is then worth 5 s (gain
+    500 < pause 1,000: declined); one predicted to stay 1e6 s is worth 5,000 s (taken). A cap
+    at the kept time (``learn_hold="median"``) declines both."""
+    spec = _holder()
+    pol = make_policy("milp-horizon", learn_hold="calibrate")
+    capped = make_policy("milp-horizon", learn_hold="median")
+    for i in range(5):
+        t = 100.0 * i
+        snap = ClusterSnapshot(now_s=t, nodes=("a", f"b{i}"), node_end_s={f"b{i}": t + 1000})
+        for p in (pol, capped):
+            got = p.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j")
+            assert got == 2 or p is capped  # the cap has learnt 5 s after the first one
+            held = JobView(spec, LINEAR, frozenset({"a"}))  # b_i taken back after 5 s
+            p.allocate(ClusterSnapshot(now_s=t + 5, nodes=("a",)), [held])
+    job = JobView(spec, LINEAR, frozenset({"a"}))
+    short = ClusterSnapshot(now_s=600.0, nodes=("a", "c"), node_end_s={"c": 1600.0})
+    long = ClusterSnapshot(now_s=600.0, nodes=("a", "d"), node_end_s={"d": 600.0 + 1e6})
+    assert make_policy("milp-horizon").allocate(short, [job]).size("j") == 2
+    assert pol.allocate(short, [job]).size("j") == 1
+    assert pol.allocate(long, [job]).size("j") == 2
+    assert capped.allocate(long, [job]).size("j") == 1
+
+
+def test_calibrate_waits_for_enough_finished_grows():
+    """Before five grows have ended, horizons are the estimator's (as ``milp-horizon``)."""
+    spec = _holder()
+    pol = make_policy("milp-horizon", learn_hold="calibrate")
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"b": 1000.0})
+    assert pol.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+    pol.allocate(ClusterSnapshot(now_s=5.0, nodes=("a",)), [JobView(spec, LINEAR, frozenset({"a"}))])
+    snap2 = ClusterSnapshot(now_s=10.0, nodes=("a", "c"), node_end_s={"c": 1010.0})
+    assert pol.allocate(snap2, [JobView(spec, LINEAR, frozenset({"a"}))]).size("j") == 2
+
+
+def _arrive_every(pol, gap_s, n):
+    """``n + 1`` decisions ``gap_s`` apart, a fresh idle node at each (short-lived: no grow)."""
+    spec = _holder()
+    for i in range(n + 1):
+        t = gap_s * i
+        snap = ClusterSnapshot(now_s=t, nodes=("a", f"b{i}"), node_end_s={f"b{i}": t + 1.0})
+        pol.allocate(snap, [JobView(spec, LINEAR, frozenset({"a"}))])
+    return gap_s * (n + 1)
+
+
+@pytest.mark.parametrize("gap_s, grows", [(5.0, False), (1000.0, True)])
+def test_arrivals_value_a_grow_only_until_nodes_would_come_anyway(gap_s, grows):
+    """Idle nodes arrived every ``gap_s``; a node that stays 1,000 s is offered. Its gain
+    (100/s) counts only until the next arrival: 5 s x 100 = 500 < the pause 1,000 (declined),
+    1,000 s x 100 (taken). Plain ``milp-horizon`` takes it either way."""
+    pol = make_policy("milp-horizon", arrivals="next")
+    t = _arrive_every(pol, gap_s, 5)
+    job = JobView(_holder(), LINEAR, frozenset({"a"}))
+    snap = ClusterSnapshot(now_s=t, nodes=("a", "c"), node_end_s={"c": t + 1000.0})
+    assert make_policy("milp-horizon").allocate(snap, [job]).size("j") == 2
+    assert pol.allocate(snap, [job]).size("j") == (2 if grows else 1)
+
+
+def test_arrivals_wait_for_enough_arrivals():
+    """Before five arrivals the horizons are the estimator's (as ``milp-horizon``)."""
+    pol = make_policy("milp-horizon", arrivals="next")
+    t = _arrive_every(pol, 5.0, 3)
+    job = JobView(_holder(), LINEAR, frozenset({"a"}))
+    snap = ClusterSnapshot(now_s=t, nodes=("a", "c"), node_end_s={"c": t + 1000.0})
+    assert pol.allocate(snap, [job]).size("j") == 2
+
+
+@pytest.mark.parametrize("bad", [{"arrivals": "mean"}, {"arrivals": 3}])
+def test_arrivals_refuses_unknown_values(bad):
+    with pytest.raises(SpecError, match="arrivals"):
+        make_policy("milp-horizon", **bad)
+    with pytest.raises(SpecError):
+        make_policy("milp", arrivals="next")  # a horizon option

@@ -57,3 +57,18 @@ def test_an_option_one_named_policy_cannot_take_is_refused_before_any_replay():
     res = runner.invoke(app, ["bench", "decisions", "--quick", "--policy", "greedy,milp-horizon",
                               "--option", "learn_hold=median"])
     assert res.exit_code == 2 and "--option for policy 'greedy'" in " ".join(res.output.split())
+
+
+def test_cases_tuned_on_are_not_marked_held_out():
+    """docs/allocator.md, item 2: the policies were tuned on these 24 h cases; the fresh
+    poisson seeds 4-7 are bench cases, held out."""
+    from malleparsl.sim.bench_decisions import FRESH, FULL
+
+    tuned = {c.name for c in FULL if not c.held_out}
+    assert tuned == {
+        "imagenet-0:64-24h", "imagenet-0:128-24h", "imagenet-0:512-24h", "poisson-s0-0:128-24h"
+    }
+    assert {(c.seed, c.nodes) for c in FRESH} == {
+        (s, n) for s in range(4, 8) for n in ("0:128", "0:512")
+    }
+    assert all(c.held_out and c in FULL for c in FRESH)

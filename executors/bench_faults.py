@@ -6,7 +6,8 @@ every loss) runs a stream of short :func:`~malleparsl.executors.synthetic.synthe
 :data:`~malleparsl.executors.faults.FAULTS` when the job reaches a random step. A fault that
 kills the executor (the interchange) is followed by a fresh executor. Every wait has a
 deadline; a job whose future does not resolve in time, or a shutdown that does not complete,
-is a hang.
+is a hang. Faults that need emulated hosts (``cut-link``) run on a second rig whose nodes are
+the hosts of a network-namespace test bed (as ``bench multihost``; needs root and iproute2).
 
 Per fault: *survived* means the job finished with exactly the right result (``total ==
 steps``: no step lost or counted twice) or failed with the fault's expected error, and the
@@ -43,12 +44,17 @@ SHUTDOWN_DEADLINE_S = 120.0
 
 
 class Rig:
-    """The system under test: executor, node source, checkpoint folders, a small tmpfs."""
+    """The system under test: executor, node source, checkpoint folders, a small tmpfs. With
+    ``bed`` (a started :class:`~malleparsl.testbed.NetnsTestbed`) the nodes are its emulated
+    hosts, one pilot each (``pool`` is the number of hosts), configured as ``bench multihost``
+    does (:func:`~malleparsl.executors.bench_multihost.netns_config`)."""
 
-    def __init__(self, root: str, pool: int, *, gloo_timeout_s: float) -> None:
+    def __init__(self, root: str, pool: int, *, gloo_timeout_s: float, bed: Any = None) -> None:
         from malleparsl.executors.bench_rescale import KeepAndFillPolicy
 
-        self.root, self.pool, self.gloo_timeout_s = root, pool, gloo_timeout_s
+        self.root, self.gloo_timeout_s, self.bed = root, gloo_timeout_s, bed
+        self.hosts = [h.name for h in bed.hosts] if bed is not None else []
+        self.pool = len(self.hosts) if bed is not None else pool
         self.policy = KeepAndFillPolicy()
         self.names = 0
         self.tmpfs = os.path.join(root, "tmpfs")
@@ -61,37 +67,48 @@ class Rig:
         self.start()
 
     def fresh_name(self) -> str:
+        """A node name to lend: a new emulated node, or a host not lent now."""
+        if self.bed is not None:
+            return next(h for h in self.hosts if h not in self.lent)
         self.names += 1
         return f"node-f{self.names:03d}"
 
     def start(self) -> None:
         from parsl.dataflow.dflow import DataFlowKernel
 
+        from malleparsl.executors.bench_multihost import netns_config
         from malleparsl.executors.bench_rescale import local_malleable_config
         from malleparsl.executors.manual_source import ManualNodeSource
         from malleparsl.executors.options import ControlOptions
 
         self.starts += 1
-        self.lent = [self.fresh_name() for _ in range(self.pool)]
+        self.lent = []
+        for _ in range(self.pool):
+            self.lent.append(self.fresh_name())
         self.src = ManualNodeSource(nodes=list(self.lent))
-        self.dfk = DataFlowKernel(local_malleable_config(
-            node_source=self.src, run_dir=os.path.join(self.root, f"run{self.starts}"),
-            ckpt_root=os.path.join(self.root, "ckpt"), policy=self.policy,
-            control=ControlOptions(
-                poll_period_s=0.1, release_grace_s=2.0, fail_grace_s=2 * self.gloo_timeout_s,
-                stop_timeout_s=4 * self.gloo_timeout_s,
-            ),
-        ))
+        control = ControlOptions(
+            poll_period_s=0.1, release_grace_s=2.0, fail_grace_s=2 * self.gloo_timeout_s,
+            stop_timeout_s=4 * self.gloo_timeout_s,
+            socket_ifname=self.bed.ifname if self.bed is not None else None,
+        )
+        common = {"node_source": self.src, "run_dir": os.path.join(self.root, f"run{self.starts}"),
+                  "ckpt_root": os.path.join(self.root, "ckpt"), "policy": self.policy,
+                  "control": control}
+        config = (netns_config(self.bed, **common) if self.bed is not None
+                  else local_malleable_config(**common))
+        self.dfk = DataFlowKernel(config)
         self.ex = self.dfk.executors["malleable"]
         self.top_up()
         import torch.distributed as dist
 
-        self.store = dist.TCPStore("127.0.0.1", self.ex.snapshot().store_port, None, False,
+        snap = self.ex.snapshot()
+        self.store = dist.TCPStore(snap.store_host or "127.0.0.1", snap.store_port, None, False,
                                    timeout=datetime.timedelta(seconds=30))
 
     def top_up(self, timeout_s: float = 900.0) -> None:
         """Lend fresh nodes until ``pool`` are alive; wait until 3 (a job's maximum) are ready
-        and planned, so the next job need not wait for a replacement pilot to start."""
+        and planned, so the next job need not wait for a replacement pilot to start. A host
+        is lent again only once the executor has dropped its lost pilot."""
         ex = self.ex
 
         def pending(name: str) -> bool:  # lent and not gone (maybe not even started yet)
@@ -100,8 +117,12 @@ class Rig:
 
         self.lent = [n for n in self.lent if pending(n)]
         for _ in range(self.pool - len(self.lent)):
-            self.lent.append(self.fresh_name())
-            self.src.idle(self.lent[-1])
+            name = self.fresh_name()
+            if self.bed is not None:
+                _wait(lambda n=name: n not in ex.ready_nodes() and n not in ex.snapshot().nodes,
+                      timeout_s, f"the lost host {name} to be dropped")
+            self.lent.append(name)
+            self.src.idle(name)
         _wait(lambda: len(ex.ready_nodes()) >= 3
               and len(set(ex.ready_nodes()) & set(ex.control.controller.nodes)) >= 3,
               timeout_s, "3 ready nodes")
@@ -232,18 +253,55 @@ def make_plan(faults: int, names: list[str], rng: random.Random) -> list[str]:
 def run_bench(*, faults: int, names: list[str], seed: int, pool: int = 4,
               gloo_timeout_s: float = 3.0, root: str | None = None) -> dict[str, Any]:
     """Inject ``faults`` faults (see :func:`make_plan`); return the summary. Each record is
-    also appended to ``<root>/records.jsonl`` as it happens; Ctrl-C summarises those so far."""
+    also appended to ``<root>/records.jsonl`` as it happens; Ctrl-C summarises those so far.
+
+    Faults that need the network-namespace test bed run after the others, on a rig of
+    ``pool`` emulated hosts; there the collective timeout is ``bench multihost``'s (longer
+    than its heartbeat threshold, so a cut host is declared lost before the survivors give up).
+    """
+    from malleparsl.executors.bench_multihost import COLLECTIVE_TIMEOUT_S
+
     rng = random.Random(seed)
     plan = make_plan(faults, names, rng)
     root = root or tempfile.mkdtemp(prefix="malleparsl-faults-")
-    rig = Rig(root, pool, gloo_timeout_s=gloo_timeout_s)
-    if not rig.has_tmpfs and "disk-full" in plan:
-        log.warning("cannot mount a tmpfs (not root?): disk-full faults are left out")
-        plan = [p for p in plan if p != "disk-full"]
+    local = [p for p in plan if not FAULTS[p].needs_netns]
+    netns = [p for p in plan if FAULTS[p].needs_netns]
+    if netns:
+        from malleparsl.testbed.netns import TestbedError, require_tools
+
+        try:
+            require_tools()
+        except TestbedError as exc:
+            log.warning("no network-namespace test bed (%s): %s left out", exc, sorted(set(netns)))
+            netns = []
     records: list[dict[str, Any]] = []
     t_start = time.monotonic()
     jsonl = os.path.join(root, "records.jsonl")
-    log.warning("fault bench: %d faults, records in %s", len(plan), jsonl)
+    log.warning("fault bench: %d faults, records in %s", len(local) + len(netns), jsonl)
+    closed = True
+    try:
+        if local:
+            closed &= _run_plan(Rig(os.path.join(root, "local"), pool,
+                                    gloo_timeout_s=gloo_timeout_s), local, rng, records, jsonl)
+        if netns:
+            from malleparsl.testbed import NetnsTestbed
+
+            with NetnsTestbed(pool) as bed:
+                closed &= _run_plan(Rig(os.path.join(root, "netns"), pool, bed=bed,
+                                        gloo_timeout_s=max(gloo_timeout_s, COLLECTIVE_TIMEOUT_S)),
+                                    netns, rng, records, jsonl)
+    except KeyboardInterrupt:
+        log.warning("interrupted after %d faults; summarising those", len(records))
+    return summarize(records, closed, time.monotonic() - t_start)
+
+
+def _run_plan(rig: Rig, plan: list[str], rng: random.Random, records: list[dict[str, Any]],
+              jsonl: str) -> bool:
+    """Inject ``plan``'s faults on ``rig``, appending to ``records``; close the rig. Returns
+    ``False`` when its shutdown hung."""
+    if not rig.has_tmpfs and "disk-full" in plan:
+        log.warning("cannot mount a tmpfs (not root?): disk-full faults are left out")
+        plan = [p for p in plan if p != "disk-full"]
     try:
         i = attempt = 0
         while i < len(plan):
@@ -260,11 +318,9 @@ def run_bench(*, faults: int, names: list[str], seed: int, pool: int = 4,
             log.info("fault %d/%d %s: %s", i + 1, len(plan), rec["fault"], rec)
             i += 1
             rig.top_up()
-    except KeyboardInterrupt:
-        log.warning("interrupted after %d faults; summarising those", len(records))
     finally:
         closed = rig.close()
-    return summarize(records, closed, time.monotonic() - t_start)
+    return closed
 
 
 def summarize(records: list[dict[str, Any]], closed: bool, wall_s: float) -> dict[str, Any]:
@@ -281,7 +337,9 @@ def summarize(records: list[dict[str, Any]], closed: bool, wall_s: float) -> dic
             for k, v in sorted(by.items())
             for t in [[r["recovery_s"] for r in v if r["recovery_s"] is not None]]
         },
-        "per_fault": {k: {"injected": len(v), "survived": sum(r["survived"] for r in v)}
+        "per_fault": {k: {"injected": len(v), "survived": sum(r["survived"] for r in v),
+                          "recovery_s": [None if r["recovery_s"] is None
+                                         else round(r["recovery_s"], 2) for r in v]}
                       for k, v in sorted(by.items())},
         "failures": [r for r in records if not r["survived"]][:10],
         "wall_s": round(wall_s, 1),
@@ -294,10 +352,12 @@ def bench_faults(
     quick: bool = typer.Option(False, "--quick", help="One of each fault only."),
     only: str = typer.Option("", help="Comma-separated fault names (default: all)."),
     seed: int = typer.Option(0, help="Seed of the fault order and moments."),
-    pool: int = typer.Option(4, help="Emulated nodes kept ready (>= 3)."),
+    pool: int = typer.Option(4, help="Emulated nodes kept ready (>= 3); for cut-link, the "
+                             "test bed's hosts."),
 ) -> None:
     """Fault injection on real processes: killed, hung and cancelled nodes, a killed
-    interchange, damaged checkpoints, a full disk, solver time limits."""
+    interchange, damaged checkpoints, a full disk, solver time limits, a cut host link
+    (network namespaces: root)."""
     from malleparsl.errors import SpecError
 
     names = [n.strip() for n in only.split(",") if n.strip()] or sorted(FAULTS)

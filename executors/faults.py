@@ -5,9 +5,9 @@ running job) and what the system must do about it: finish the job with the right
 (``expect_error is None``) or fail it with an error of the given type. ``malleparsl bench
 faults`` (:mod:`malleparsl.executors.bench_faults`) runs them on real processes.
 
-New faults plug in with :func:`register_fault`; e.g. a "cut link" fault for the multi-host
-network-namespace test bed (``ip link set <veth> down`` on the victim's host) is one class whose
-``inject`` cuts the victim's link and whose ``cleanup`` restores it.
+New faults plug in with :func:`register_fault`. A fault with ``needs_netns`` (``cut-link``: a
+host's link set down, a partition) runs on a rig whose nodes are emulated hosts of a
+:class:`~malleparsl.testbed.NetnsTestbed` (``rig.bed``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Fault(ABC):
     kills_executor: ClassVar[bool] = False  # the bench starts a new executor afterwards
     note: str = ""  # what the fault saw, for the bench's record
     needs_tmpfs: ClassVar[bool] = False  # the job checkpoints to a small tmpfs
+    needs_netns: ClassVar[bool] = False  # nodes are network-namespace hosts (``rig.bed``)
 
     @abstractmethod
     def inject(self, rig: Any, job: Any, rng: random.Random) -> str:
@@ -117,6 +118,32 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@register_fault
+class CutLink(Fault):
+    """A partition: the victim host's link goes down (``ip link set <veth> down``); its pilot
+    and rank live on, unreachable. The survivors' collective times out, the interchange
+    declares the silent manager lost (heartbeat threshold), and the job restarts from its last
+    checkpoint on the other hosts. ``cleanup`` brings the link back up; the rig lends the host
+    again once the executor has dropped it."""
+
+    name = "cut-link"
+    needs_netns = True
+
+    def inject(self, rig: Any, job: Any, rng: random.Random) -> str:
+        self.host = _victim(job, rng)
+        self.launched = len(job.history)  # segments launched before the cut
+        rig.bed.cut(self.host)
+        return f"cut the link of {self.host} ({rig.bed.host(self.host).veth} down)"
+
+    def cleanup(self, rig: Any, job: Any) -> list[str]:
+        rig.bed.restore(self.host)
+        after = job.history[self.launched:]
+        self.note = f"segments after the cut: {[list(s) for s in after]}"
+        if any(self.host in nodes for nodes in after):
+            return [f"a segment after the cut ran on the cut host {self.host}"]
+        return []
 
 
 @register_fault

@@ -109,6 +109,7 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
                     after = rss_bytes()
             return train_peak, save_peak, after
         finally:
+            ctx.group = False  # keep the process group for the next run
             ctx.close()
 
     run("warm", 8, 1)  # kernels, Adam, gloo, torch.save's first use
@@ -116,6 +117,8 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
     reset_peak_rss()
     base = rss_bytes()
     train_peak, save_peak, after = run("job", width, depth)
+    if n > 1:
+        dist.destroy_process_group()
     return {"rank": rank, "train_peak_bytes": train_peak - base,
             "save_peak_bytes": save_peak - base, "after_save_bytes": after - base,
             "profile": prof.as_dict()}

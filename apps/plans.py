@@ -229,8 +229,15 @@ class PlanOptimizer:
             self._full = {"state": full, "param_groups": sd["param_groups"]} if keep else None
 
     def release(self) -> None:
-        """Drop rank 0's full copy of the FSDP2 state (the checkpoint holding it is written)."""
+        """Drop rank 0's full copy of the sharded state (the checkpoint holding it is written).
+
+        Under ZeRO-1 that is the list of every rank's shard which ``consolidate_state_dict``
+        leaves on rank 0 (torch keeps it until the next consolidation: the other ranks' shards,
+        ``(n - 1) / n`` of the optimizer state, beyond what the memory model counts).
+        """
         self._full = None
+        if self.zero:
+            self.opt._all_state_dicts = []  # what torch's consolidate_state_dict fills
 
     def state_dict(self) -> dict[str, Any]:
         if not self.fsdp:

@@ -19,7 +19,7 @@ def _zero1_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import rss_bytes
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare
 
     torch.set_num_threads(1)
@@ -34,16 +34,18 @@ def _zero1_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process
         adam_bytes = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
         model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
         ctx.register(model=model, optimizer=opt)
-        held, paths = [], []
+        held, peaks, paths = [], [], []
         for step in (1, 2):  # a second save consolidates again after the release
             opt.zero_grad()
             loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
             opt.step()  # Adam's state exists (each rank its shard)
             ctx.step = step
+            reset_peak_rss()
             base = rss_bytes()
             paths.append(str(ctx.save()))
+            peaks.append(peak_rss_bytes() - base)
             held.append(rss_bytes() - base)
-        return {"rank": rank, "held": held, "adam_bytes": adam_bytes, "paths": paths}
+        return {"rank": rank, "held": held, "peaks": peaks, "adam_bytes": adam_bytes, "paths": paths}
     finally:
         ctx.close()
 
@@ -65,3 +67,17 @@ def test_zero1_rank0_drops_the_consolidated_state_once_the_checkpoint_is_written
     step, payload = CheckpointStore(directory=tmp_path).load_latest()
     state = payload["state"]["optimizer"]["state"]
     assert step == 2 and len(state) == len(payload["state"]["model"])  # both ranks' shards
+
+
+def test_zero1_consolidation_receives_each_shard_once(tmp_path) -> None:
+    """Rank 0 needs the other ranks' shards for the file, and no more: torch's
+    consolidate_state_dict pickles a whole shard per rank, so rank 0 held it three times
+    while receiving it (its save peaked at 2.9-3.0 shards at 2 ranks, 25.7 MB each)."""
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_zero1_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    shard = r0["adam_bytes"] / 2
+    assert all(0.8 * shard < p < 1.4 * shard for p in r0["peaks"]), (r0["peaks"], shard)
+    assert all(p < 0.5 * shard for p in r1["peaks"]), (r1["peaks"], shard)  # sends in place

@@ -4,8 +4,9 @@ Each measurement runs in a fresh process (see :mod:`malleparsl.apps.memory` for 
 is read): :func:`measure_store` saves and reads back a state of a given size through
 :class:`~malleparsl.apps.checkpoint.CheckpointStore`; :func:`measure_plan_save` trains
 :class:`~malleparsl.apps.examples_plans.BlockMLP` under a plan on ``n`` gloo ranks and then
-checkpoints it through ``TrainContext.save``, reporting rank 0's peak during training, during
-the save, and its resident memory after the save, next to the memory model's peak.
+checkpoints it through ``TrainContext.save`` and restores it in a next segment, reporting rank
+0's peak during training, the save and the restore, and its resident memory after the save,
+next to the memory model's peak.
 
     python -m malleparsl.apps.bench_checkpoint store --mib 128
     python -m malleparsl.apps.bench_checkpoint plan --plan zero1 --n 2
@@ -94,7 +95,6 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
         try:
             model = BlockMLP(d_in=d_in, width=w, depth=dd)
             model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
-            ctx.register(model=model, optimizer=opt)
             for step in ctx.steps(1, global_batch=global_batch, dataset_size=len(x)):
                 opt.zero_grad()
                 for idx in step.micro_batches():
@@ -111,23 +111,45 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
         finally:
             ctx.group = False  # keep the process group for the next run
             ctx.close()
+            if n > 1:
+                dist.barrier()  # rank 0's file is written before any rank looks for it
 
-    run("warm", 8, 1)  # kernels, Adam, gloo, torch.save's first use
+    def resume(job: str, w: int, dd: int) -> int:
+        """The next segment's restore of that checkpoint: the peak while loading it."""
+        ctx = TrainContext(job_id=job, segment=1, rank=rank, world_size=n,
+                           ckpt_dir=f"{ckpt}/{job}",
+                           options={"plan": plan, "deterministic": False, "torch_threads": 1})
+        ctx.group = n > 1
+        try:
+            model = BlockMLP(d_in=d_in, width=w, depth=dd)
+            prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+            reset_peak_rss()
+            assert ctx.restore()
+            return peak_rss_bytes()
+        finally:
+            ctx.group = False
+            ctx.close()
+
+    run("warm", 8, 1)  # kernels, Adam, gloo, torch.save's and torch.load's first use
+    resume("warm", 8, 1)
     gc.collect()
     reset_peak_rss()
     base = rss_bytes()
     train_peak, save_peak, after = run("job", width, depth)
+    gc.collect()
+    restore_peak = resume("job", width, depth)
     if n > 1:
         dist.destroy_process_group()
     return {"rank": rank, "train_peak_bytes": train_peak - base,
             "save_peak_bytes": save_peak - base, "after_save_bytes": after - base,
-            "profile": prof.as_dict()}
+            "restore_peak_bytes": restore_peak - base, "profile": prof.as_dict()}
 
 
 def measure_plan_save(plan: str, n: int, *, width: int = 512, depth: int = 8,
                       global_batch: int = 256) -> dict[str, Any]:
-    """Rank 0's peaks while training one step and while checkpointing after it, its resident
-    memory after the save, and the memory model's peak for the plan."""
+    """Rank 0's peaks while training one step, while checkpointing after it and while the
+    next segment restores that checkpoint, its resident memory after the save, and the
+    memory model's peak for the plan."""
     from malleparsl.apps.memory import run_fresh
     from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
 
@@ -137,7 +159,8 @@ def measure_plan_save(plan: str, n: int, *, width: int = 512, depth: int = 8,
     prof = MemoryProfile.from_dict(r0.pop("profile"))
     pred = plan_memory(prof, parse_plan(plan), n=n, global_batch=global_batch)
     return {"plan": plan, "n": n, "params": prof.params, **r0, "predicted_bytes": pred.peak,
-            "save_over_predicted": r0["save_peak_bytes"] / pred.peak - 1}
+            "save_over_predicted": r0["save_peak_bytes"] / pred.peak - 1,
+            "restore_over_predicted": r0["restore_peak_bytes"] / pred.peak - 1}
 
 
 app = typer.Typer(add_completion=False)

@@ -33,7 +33,6 @@ def _zero1_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process
         model = BlockMLP(d_in=256, width=512, depth=6)
         adam_bytes = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
         model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
-        ctx.register(model=model, optimizer=opt)
         held, peaks, paths = [], [], []
         for step in (1, 2):  # a second save consolidates again after the release
             opt.zero_grad()

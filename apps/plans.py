@@ -96,8 +96,9 @@ def _consolidate_zero(zero: Any) -> None:
         elif r == me:
             tensors: list[torch.Tensor] = []
             dist.send_object_list([_skeleton(own, tensors)], dst=dst, group=zero.process_group)
-            for t in tensors:
-                dist.send(t.detach().contiguous(), dst=dst, group=zero.process_group)
+            for t in tensors:  # on the group's device (NCCL sends no CPU tensor: Adam's step)
+                dist.send(t.detach().to(zero._default_device).contiguous(), dst=dst,
+                          group=zero.process_group)
         elif me == 0:
             box: list[Any] = [None]
             dist.recv_object_list(box, src=src, group=zero.process_group)

@@ -13,6 +13,10 @@ checkpoint must never be half-visible and a damaged one must never be loaded sil
   directory cannot run code; keep checkpoint contents to tensors, numbers, strings, lists and
   dicts (model and optimizer ``state_dict()``s qualify).
 
+* **streamed**: ``torch.save`` writes into the temporary file through the hash (the digest is
+  filled into the header last) and a read hashes the file in chunks, then loads the payload
+  from the file; neither holds a serialised copy of the state (the save used to add one copy
+  of it to rank 0's peak, a read three), and the file format is unchanged.
 * **fail-safe when the disk is full**: a write that fails with ``ENOSPC``/``EDQUOT`` removes its
   temporary file, keeps the previous checkpoint and raises :class:`CheckpointWriteError` (a
   system fault, not a user error).
@@ -45,6 +49,7 @@ MAGIC = b"MALLEPARSL-CKPT-1\n"
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
 _DIGEST_LEN = 64  # hex SHA-256
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+_CHUNK = 1 << 20  # bytes hashed per read
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -70,6 +75,58 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class _HashingWriter:
+    """A write-only stream that hashes and counts what ``torch.save`` streams through it."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.error: OSError | None = None  # torch.save may re-raise it as a RuntimeError
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        try:
+            self._f.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        self.size += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+class _Payload(io.RawIOBase):
+    """The payload of an open checkpoint file as a file of its own (positions from its start),
+    for ``torch.load`` to read in place."""
+
+    def __init__(self, f: Any, start: int) -> None:
+        super().__init__()
+        self._f = f
+        self._start = start
+        f.seek(start)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        return self._f.readinto(b)
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos += self._start
+        return self._f.seek(pos, whence) - self._start
+
+    def tell(self) -> int:
+        return self._f.tell() - self._start
 
 
 class CheckpointStore:
@@ -112,24 +169,28 @@ class CheckpointStore:
         return sorted(out, key=lambda c: c.step)
 
     def save(self, state: dict[str, Any], *, step: int) -> Path:
-        """Write ``state`` as the checkpoint after ``step``; returns its path once durable."""
+        """Write ``state`` as the checkpoint after ``step``; returns its path once durable.
+
+        The payload is streamed to the temporary file through a SHA-256 (the header's digest
+        is filled in last), so saving holds no serialised copy of the state in memory.
+        """
         import torch
 
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise SpecError(f"step must be an integer >= 0, got {step!r}")
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        payload = buf.getvalue()
-        digest = hashlib.sha256(payload).hexdigest().encode("ascii")
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
         tmp = None
+        out = None
         try:
             fd, tmp = tempfile.mkstemp(prefix=".tmp-ckpt-", dir=self.directory)
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC)
-                f.write(digest + b"\n")
-                f.write(payload)
+                f.write(b"0" * _DIGEST_LEN + b"\n")  # placeholder: the digest is known last
+                out = _HashingWriter(f)
+                torch.save(state, out)
+                f.seek(len(MAGIC))
+                f.write(out.sha256.hexdigest().encode("ascii"))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -137,18 +198,21 @@ class CheckpointStore:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+            if not isinstance(exc, OSError) and out is not None and out.error is not None:
+                exc = out.error  # a failed write inside torch.save, re-raised by torch
             if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
                 prev = [c.step for c in self.list() if c.path != final]
                 kept = f"step {prev[-1]}" if prev else "none: there was no earlier one"
+                written = out.size if out is not None else 0
                 raise CheckpointWriteError(
                     f"disk full while writing the checkpoint of step {step} to "
-                    f"{self.directory} ({exc.strerror}, {len(payload)} bytes); the previous "
+                    f"{self.directory} ({exc.strerror}, after {written} bytes); the previous "
                     f"checkpoint is kept ({kept}); free space there or give the job another "
                     "ckpt_dir"
                 ) from exc
             raise
         _fsync_dir(self.directory)
-        log.debug("checkpoint step %d written to %s (%d bytes)", step, final, len(payload))
+        log.debug("checkpoint step %d written to %s (%d bytes)", step, final, out.size)
         self._prune(written=final)
         return final
 
@@ -169,28 +233,37 @@ class CheckpointStore:
             info.path.unlink(missing_ok=True)  # another writer may have pruned it first
 
     def read(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Read and verify one checkpoint file; raises :class:`CheckpointError` if damaged."""
+        """Read and verify one checkpoint file; raises :class:`CheckpointError` if damaged.
+
+        The checksum is computed over the file in chunks and the payload is then loaded from
+        the file itself, so reading holds the loaded state and no copy of its bytes.
+        """
         import torch
 
         path = Path(path)
-        data = path.read_bytes()
         header_len = len(MAGIC) + _DIGEST_LEN + 1
-        if len(data) < header_len or not data.startswith(MAGIC):
-            raise CheckpointError(
-                f"{path}: not a malleparsl checkpoint (bad header, {len(data)} bytes)"
-            )
-        digest = data[len(MAGIC) : len(MAGIC) + _DIGEST_LEN].decode("ascii", "replace")
-        payload = data[header_len:]
-        actual = hashlib.sha256(payload).hexdigest()
-        if actual != digest:
-            raise CheckpointError(
-                f"{path}: checksum mismatch (stored {digest[:12]}..., computed "
-                f"{actual[:12]}...); the file is truncated or corrupt"
-            )
-        try:
-            state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-        except Exception as exc:  # checksum matched but content is not loadable
-            raise CheckpointError(f"{path}: checksum ok but torch.load failed: {exc}") from exc
+        with open(path, "rb") as f:
+            head = f.read(header_len)
+            if len(head) < header_len or not head.startswith(MAGIC):
+                size = os.fstat(f.fileno()).st_size
+                raise CheckpointError(
+                    f"{path}: not a malleparsl checkpoint (bad header, {size} bytes)"
+                )
+            digest = head[len(MAGIC) : len(MAGIC) + _DIGEST_LEN].decode("ascii", "replace")
+            sha = hashlib.sha256()
+            while chunk := f.read(_CHUNK):
+                sha.update(chunk)
+            actual = sha.hexdigest()
+            if actual != digest:
+                raise CheckpointError(
+                    f"{path}: checksum mismatch (stored {digest[:12]}..., computed "
+                    f"{actual[:12]}...); the file is truncated or corrupt"
+                )
+            try:
+                state = torch.load(_Payload(f, header_len), weights_only=True,
+                                   map_location="cpu")
+            except Exception as exc:  # checksum matched but content is not loadable
+                raise CheckpointError(f"{path}: checksum ok but torch.load failed: {exc}") from exc
         if not isinstance(state, dict):
             raise CheckpointError(f"{path}: expected a dict, found {type(state).__name__}")
         return state

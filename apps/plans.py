@@ -72,6 +72,73 @@ def _shard_like(value: Any, ref: Any) -> Any:
     return value
 
 
+def _consolidate_zero(zero: Any) -> None:
+    """``zero.consolidate_state_dict(to=0)`` without its copies: every rank's shard of the
+    optimizer state reaches rank 0 one tensor at a time, straight into the tensor kept.
+
+    torch's version pickles each rank's whole shard, so rank 0 holds a shard three times
+    while receiving it (the bytes, their copy, the unpickled tensors). Here only the small
+    structure is pickled. A collective: every rank calls it. Fills what torch's fills (the
+    per-rank list ``_all_state_dicts``, on rank 0 only), so ``zero.state_dict()`` works as
+    after torch's; :meth:`PlanOptimizer.release` empties it.
+    """
+    import torch.distributed as dist
+
+    zero._sync_param_groups(zero.param_groups, zero.optim.param_groups)  # as torch's does
+    me = dist.get_rank(zero.process_group)
+    own = zero.optim.state_dict()
+    shards = []
+    for r in range(dist.get_world_size(zero.process_group)):
+        src = dist.distributed_c10d.get_global_rank(zero.process_group, r)
+        dst = dist.distributed_c10d.get_global_rank(zero.process_group, 0)
+        if r == me == 0:
+            shards.append(own)  # references to the live state, as torch keeps on CPU
+        elif r == me:
+            tensors: list[torch.Tensor] = []
+            dist.send_object_list([_skeleton(own, tensors)], dst=dst, group=zero.process_group)
+            for t in tensors:  # on the group's device (NCCL sends no CPU tensor: Adam's step)
+                dist.send(t.detach().to(zero._default_device).contiguous(), dst=dst,
+                          group=zero.process_group)
+        elif me == 0:
+            box: list[Any] = [None]
+            dist.recv_object_list(box, src=src, group=zero.process_group)
+            shards.append(_filled(box[0], src, zero))
+    zero._all_state_dicts = shards if me == 0 else []
+
+
+class _TensorSlot:
+    """Where a tensor goes in a state dict sent as its structure (shape and dtype only)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+
+
+def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _TensorSlot(value)
+    if isinstance(value, dict):
+        return {k: _skeleton(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_skeleton(v, tensors) for v in value)
+    return value
+
+
+def _filled(value: Any, src: int, zero: Any) -> Any:
+    """``value`` with every slot received from ``src``, in :func:`_skeleton`'s order."""
+    import torch.distributed as dist
+
+    if isinstance(value, _TensorSlot):
+        t = torch.empty(value.shape, dtype=value.dtype, device=zero._default_device)
+        dist.recv(t, src=src, group=zero.process_group)
+        return t.cpu()  # kept on the CPU, as torch's consolidation does
+    if isinstance(value, dict):
+        return {k: _filled(v, src, zero) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_filled(v, src, zero) for v in value)
+    return value
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -217,7 +284,7 @@ class PlanOptimizer:
     def consolidate(self) -> None:
         """Collective: gather the sharded state on rank 0 (no-op when not sharded)."""
         if self.zero:
-            self.opt.consolidate_state_dict(to=0)
+            _consolidate_zero(self.opt)
         elif self.fsdp:  # one tensor at a time, kept on rank 0 only (see ShardedModel)
             keep = _rank() == 0
             sd = self.opt.state_dict()
@@ -229,8 +296,15 @@ class PlanOptimizer:
             self._full = {"state": full, "param_groups": sd["param_groups"]} if keep else None
 
     def release(self) -> None:
-        """Drop rank 0's full copy of the FSDP2 state (the checkpoint holding it is written)."""
+        """Drop rank 0's full copy of the sharded state (the checkpoint holding it is written).
+
+        Under ZeRO-1 that is the list of every rank's shard which ``consolidate_state_dict``
+        leaves on rank 0 (torch keeps it until the next consolidation: the other ranks' shards,
+        ``(n - 1) / n`` of the optimizer state, beyond what the memory model counts).
+        """
         self._full = None
+        if self.zero:
+            self.opt._all_state_dicts = []  # what torch's consolidate_state_dict fills
 
     def state_dict(self) -> dict[str, Any]:
         if not self.fsdp:

@@ -1,0 +1,182 @@
+"""Measure what saving and loading a checkpoint costs in memory, beyond the state itself.
+
+Each measurement runs in a fresh process (see :mod:`malleparsl.apps.memory` for how the peak
+is read): :func:`measure_store` saves and reads back a state of a given size through
+:class:`~malleparsl.apps.checkpoint.CheckpointStore`; :func:`measure_plan_save` trains
+:class:`~malleparsl.apps.examples_plans.BlockMLP` under a plan on ``n`` gloo ranks and then
+checkpoints it through ``TrainContext.save`` and restores it in a next segment, reporting rank
+0's peak during training, the save and the restore, and its resident memory after the save,
+next to the memory model's peak.
+
+    python -m malleparsl.apps.bench_checkpoint store --mib 128
+    python -m malleparsl.apps.bench_checkpoint plan --plan zero1 --n 2
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import tempfile
+from typing import Any
+
+import typer
+
+MIB = 2**20
+
+
+def _store_child(mib: int) -> dict[str, Any]:  # runs in a fresh process
+    import torch
+
+    from malleparsl.apps.checkpoint import CheckpointStore
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        store = CheckpointStore(directory=d, keep=2)
+        store.read(store.save({"w": torch.ones(4)}, step=0))  # torch.save/load's first use
+        n = mib * MIB // 4 // 8
+        state = {"model": {f"w{i}": torch.randn(n) for i in range(8)}, "step": 1}
+        gc.collect()
+        reset_peak_rss()
+        base = rss_bytes()
+        path = store.save(state, step=1)
+        save_peak = peak_rss_bytes() - base
+        size = path.stat().st_size
+        del state
+        gc.collect()
+        reset_peak_rss()
+        base = rss_bytes()
+        loaded = store.read(path)
+        load_peak = peak_rss_bytes() - base
+        held = rss_bytes() - base
+        assert loaded["step"] == 1
+    return {"file_bytes": size, "save_extra_bytes": save_peak, "load_peak_bytes": load_peak,
+            "loaded_bytes": held}
+
+
+def measure_store(mib: int = 128) -> dict[str, Any]:
+    """Peak memory of saving a ``mib``-MiB state beyond the state (``save_extra_bytes``), and
+    of reading it back (``load_peak_bytes``, against ``loaded_bytes`` kept afterwards)."""
+    from malleparsl.apps.memory import run_fresh
+
+    return run_fresh(_store_child, [((mib,), {})])[0]
+
+
+def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
+                global_batch: int) -> dict[str, Any]:  # runs in a fresh process
+    import torch
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.plans import prepare, profile_memory
+
+    torch.set_num_threads(1)
+    if n > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=n)
+    ckpt = tempfile.mkdtemp(prefix="bench-ckpt-") if rank == 0 else None
+    if n > 1:  # every rank checkpoints into rank 0's directory (they share the host)
+        box = [ckpt]
+        dist.broadcast_object_list(box, src=0)
+        ckpt = box[0]
+    d_in = 256
+    x, y = teacher_data(n=2 * global_batch, d_in=d_in)
+    probe = BlockMLP(d_in=d_in, width=width, depth=depth)
+    prof = profile_memory(probe, (x[:8], y[:8]), loss_sum, blocks=probe.blocks)
+    del probe
+
+    def run(job: str, w: int, dd: int) -> tuple[int, int, int]:
+        ctx = TrainContext(job_id=job, rank=rank, world_size=n, ckpt_dir=f"{ckpt}/{job}",
+                           options={"plan": plan, "deterministic": False, "torch_threads": 1})
+        ctx.group = n > 1
+        try:
+            model = BlockMLP(d_in=d_in, width=w, depth=dd)
+            model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+            for step in ctx.steps(1, global_batch=global_batch, dataset_size=len(x)):
+                opt.zero_grad()
+                for idx in step.micro_batches():
+                    step.backward(loss_sum(model, (x[idx], y[idx])))
+                step.sync(model)
+                opt.step()
+                if step.index == 0:
+                    train_peak = peak_rss_bytes()
+                    reset_peak_rss()
+                    ctx.save()
+                    save_peak = peak_rss_bytes()
+                    after = rss_bytes()
+            return train_peak, save_peak, after
+        finally:
+            ctx.group = False  # keep the process group for the next run
+            ctx.close()
+            if n > 1:
+                dist.barrier()  # rank 0's file is written before any rank looks for it
+
+    def resume(job: str, w: int, dd: int) -> int:
+        """The next segment's restore of that checkpoint: the peak while loading it."""
+        ctx = TrainContext(job_id=job, segment=1, rank=rank, world_size=n,
+                           ckpt_dir=f"{ckpt}/{job}",
+                           options={"plan": plan, "deterministic": False, "torch_threads": 1})
+        ctx.group = n > 1
+        try:
+            model = BlockMLP(d_in=d_in, width=w, depth=dd)
+            prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+            reset_peak_rss()
+            assert ctx.restore()
+            return peak_rss_bytes()
+        finally:
+            ctx.group = False
+            ctx.close()
+
+    run("warm", 8, 1)  # kernels, Adam, gloo, torch.save's and torch.load's first use
+    resume("warm", 8, 1)
+    gc.collect()
+    reset_peak_rss()
+    base = rss_bytes()
+    train_peak, save_peak, after = run("job", width, depth)
+    gc.collect()
+    restore_peak = resume("job", width, depth)
+    if n > 1:
+        dist.destroy_process_group()
+    return {"rank": rank, "train_peak_bytes": train_peak - base,
+            "save_peak_bytes": save_peak - base, "after_save_bytes": after - base,
+            "restore_peak_bytes": restore_peak - base, "profile": prof.as_dict()}
+
+
+def measure_plan_save(plan: str, n: int, *, width: int = 512, depth: int = 8,
+                      global_batch: int = 256) -> dict[str, Any]:
+    """Rank 0's peaks while training one step, while checkpointing after it and while the
+    next segment restores that checkpoint, its resident memory after the save, and the
+    memory model's peak for the plan."""
+    from malleparsl.apps.memory import run_fresh
+    from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
+
+    port = random.randint(20000, 60000)
+    args = (plan, n, width, depth, global_batch)
+    r0 = run_fresh(_plan_child, [((r, port, *args), {}) for r in range(n)])[0]
+    prof = MemoryProfile.from_dict(r0.pop("profile"))
+    pred = plan_memory(prof, parse_plan(plan), n=n, global_batch=global_batch)
+    return {"plan": plan, "n": n, "params": prof.params, **r0, "predicted_bytes": pred.peak,
+            "save_over_predicted": r0["save_peak_bytes"] / pred.peak - 1,
+            "restore_over_predicted": r0["restore_peak_bytes"] / pred.peak - 1}
+
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def store(mib: int = 128) -> None:
+    print(json.dumps(measure_store(mib)))
+
+
+@app.command()
+def plan(plan: str = "dp", n: int = 1, width: int = 512, depth: int = 8,
+         global_batch: int = 256) -> None:
+    print(json.dumps(measure_plan_save(plan, n, width=width, depth=depth,
+                                       global_batch=global_batch)))
+
+
+if __name__ == "__main__":
+    app()

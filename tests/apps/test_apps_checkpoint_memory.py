@@ -1,0 +1,82 @@
+"""What checkpointing leaves in memory: a ZeRO-1 save must not keep the consolidated state.
+
+Fresh processes per rank, real gloo ranks; resident memory read from the kernel (see
+malleparsl.apps.memory).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow  # two fresh gloo ranks: ~30 s on a loaded machine
+
+
+def _zero1_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
+                       options={"plan": "zero1", "deterministic": False})
+    ctx.group = True
+    try:
+        x, y = teacher_data(n=8, d_in=256)
+        model = BlockMLP(d_in=256, width=512, depth=6)
+        adam_bytes = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+        model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        held, peaks, paths = [], [], []
+        for step in (1, 2):  # a second save consolidates again after the release
+            opt.zero_grad()
+            loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
+            opt.step()  # Adam's state exists (each rank its shard)
+            ctx.step = step
+            reset_peak_rss()
+            base = rss_bytes()
+            paths.append(str(ctx.save()))
+            peaks.append(peak_rss_bytes() - base)
+            held.append(rss_bytes() - base)
+        return {"rank": rank, "held": held, "peaks": peaks, "adam_bytes": adam_bytes, "paths": paths}
+    finally:
+        ctx.close()
+
+
+def test_zero1_rank0_drops_the_consolidated_state_once_the_checkpoint_is_written(
+        tmp_path) -> None:
+    """torch's consolidate_state_dict leaves every rank's shard on rank 0 until the next
+    consolidation; kept, rank 0 holds the whole Adam state from its first save on (half of it
+    more than the memory model counts at 2 ranks)."""
+    from malleparsl.apps.checkpoint import CheckpointStore
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_zero1_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    shard = r0["adam_bytes"] / 2  # what rank 0 receives from rank 1
+    assert all(h < 0.2 * shard for h in r0["held"]), (r0["held"], shard)
+    assert r0["paths"][1].endswith("ckpt-0000000002.pt") and r1["paths"] == ["None", "None"]
+    step, payload = CheckpointStore(directory=tmp_path).load_latest()
+    state = payload["state"]["optimizer"]["state"]
+    assert step == 2 and len(state) == len(payload["state"]["model"])  # both ranks' shards
+
+
+def test_zero1_consolidation_receives_each_shard_once(tmp_path) -> None:
+    """Rank 0 needs the other ranks' shards for the file, and no more: torch's
+    consolidate_state_dict pickles a whole shard per rank, so rank 0 held it three times
+    while receiving it (its save peaked at 2.9-3.0 shards at 2 ranks, 25.7 MB each)."""
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_zero1_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    shard = r0["adam_bytes"] / 2
+    assert all(0.8 * shard < p < 1.4 * shard for p in r0["peaks"]), (r0["peaks"], shard)
+    assert all(p < 0.5 * shard for p in r1["peaks"]), (r1["peaks"], shard)  # sends in place

@@ -5,10 +5,17 @@ computes what each variant would choose in exactly that state: the variant's pla
 from the same records (their caches saved and restored), the same probes, the same inner
 policy; both scored by :class:`~malleparsl.jpa.audit.DecisionAudit` with the true curves. Prints
 one JSON row per run: default decision efficiency and, per variant, the difference in points and
-the share of time the variant is worse in the same state.
+the share of time the variant is worse in the same state. A variant sets advisor attributes
+(``adv.NAME:VALUE``) or constants of ``jpa.estimate`` / ``jpa.knowledge`` (``est.`` / ``kn.``).
 
     python scripts/jpa_state_matched.py --families dip,peak --nodes 0:512 --seeds 0-3 \
-        --variant fall0=est.BEYOND_FALL:0 --variant idle2=adv.idle_kappa:2
+        --variant k2=adv.kappa:2 --variant beyond1=est.BEYOND_SIGMA:1.0
+
+``--diagnose`` instead attributes the estimate loss of the default replay to jobs, one at a
+time fixed at the JPA's size in the optimum, by kind (under / over the optimum's size; inside,
+beyond or below the sizes explored; fitted or model-free; nodes idle; started from a prior):
+
+    python scripts/jpa_state_matched.py --diagnose --families dip,peak --nodes 0:512 --seeds 0,1
 """
 
 from __future__ import annotations

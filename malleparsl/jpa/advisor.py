@@ -279,10 +279,10 @@ class JobProfilingAdvisor(CurveAdvisor):
         if factor is not None:
             limit = int(min(n_tab, max(math.floor(factor * top), top + (0 if short else 1))))
         n = np.arange(1, n_tab + 1)
+        per_node = self._per_node(rec, est)
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
         kappa = self.kappa
-        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1],
-                         self._linear_bound(rec, est, n))
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
         pop = None if short else self._shape_posterior(rec, n_tab)
         if pop is not None:
             # the population's expected curve: go to its best size at once, and do not plan
@@ -366,22 +366,6 @@ class JobProfilingAdvisor(CurveAdvisor):
             return False
         best = max(float(np.mean(x)) for x in rec.obs.values() if x)
         return best > 0 and (total - rec.done_est) / best < self.explore_min_s
-
-    def _linear_bound(self, rec: JobRecord, est: CurveEstimate, n: np.ndarray) -> np.ndarray:
-        """``best per-node rate x n``; below the smallest size the job measured itself, the
-        per-node rates its prior measured there count too (at the estimate, i.e. scaled to this
-        job). A job started from its model's prior at a large size and measured only there was
-        capped below it at that size's efficiency, though its prior ran faster per node at
-        smaller sizes; above it the job's own readings alone bound the optimism (counting the
-        prior everywhere lifted the optimism at unexplored sizes too and lost up to 3.4 points
-        of decision efficiency on a run; docs/jpa.md)."""
-        bound = self._per_node(rec, est) * n
-        if rec.obs and rec.prior is not None:
-            low = min(rec.measured_sizes)
-            pn = max([0.0] + [float(est.mean[k]) / k for k in rec.prior.measured
-                              if 1 <= k < low and k <= est.n_max])
-            bound = np.where(n < low, np.maximum(bound, pn * n), bound)
-        return bound
 
     def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
         """The best samples/s per node seen (own data, else the prior): the linear bound."""

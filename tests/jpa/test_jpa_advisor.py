@@ -298,23 +298,3 @@ def test_an_unpredictable_jobs_placeholder_is_one_object_across_replans():
     assert jpa.views(snap, ctl.active_jobs, ctl.allocation)[0].curve is first
     jpa.forget("u")
     assert "u" not in jpa._placeholders
-
-
-def test_linear_bound_counts_the_priors_points_once_the_job_measured_a_larger_size():
-    """A job started from its model's prior at 8 nodes, measured only there, is not capped
-    at 8-node efficiency below 8: the prior (scaled to the job) measured 2 nodes at 95/node."""
-    from malleparsl.jpa.estimate import CurveEstimate
-
-    jpa = JobProfilingAdvisor(warmup_obs=0)
-    mean = np.array([0.0, 100.0, 190.0, 240.0, 300.0, 290.0, 280.0, 265.0, 250.0])
-    jpa.priors["m"] = CurveEstimate(mean=mean, sigma=0.02 * mean, measured=(1, 2, 4, 8))
-    jpa.register(JobSpec("b", max_nodes=8, model="m"), now_s=0.0)
-    rec = jpa.records["b"]
-    for t in (300.0, 600.0):
-        rec.add_rate(8, 250.0, t)
-    plan = jpa.planning_curve(rec, 8)
-    assert plan.rate(2) >= 0.9 * 190.0  # was capped at 2 x 250 / 8 = 62.5
-    assert plan.rate(4) >= 0.9 * 300.0
-    # still no super-linear promise: never above the best per-node rate known x n
-    r = plan.rates_upto(8)
-    assert np.all(r[1:] <= 100.0 * 1.05 * np.arange(1, 9) + 1e-9)

@@ -30,8 +30,9 @@ bytes per sample kept for the backward pass without/with checkpointing)::
     optimizer step peak   = persistent + t w P / (n if zero1 else 1)   (t: step temporaries)
     checkpoint peak       = persistent + [zero1] s w P (n - 1) / n   (the other ranks' shards,
                             gathered on rank 0 to write the plain file)
-                                       + [fsdp] (1 + s) w P + buffers  (the whole plain state;
-                            a restore reads it whole on every rank, less the gradients)
+                                       + [fsdp] (1 + s) w P + buffers + w U  (the whole plain
+                            state, and about one unit in flight; a restore reads the state
+                            whole on every rank, less the gradients)
                             (a replicated plan's file streams from the live state: + 0)
 
     under fsdp: parameters, gradients, optimizer state and temporaries / n, no flat buffer,
@@ -219,8 +220,8 @@ def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: in
         fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
     # a checkpoint holds the plain state: gathered on rank 0 under a sharded plan (and read
     # whole by every rank at a restore); a replicated plan's file streams from the live state
-    if plan.fsdp and n > 1:
-        ckpt = (1 + prof.opt_states) * wp + prof.buffers
+    if plan.fsdp and n > 1:  # + one unit's parameters in flight: measured, not root-caused
+        ckpt = (1 + prof.opt_states) * wp + prof.buffers + comm / FSDP_UNIT_COPIES
     elif plan.zero and n > 1:
         ckpt = prof.opt_states * wp * (n - 1) / n
     else:

@@ -284,7 +284,7 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     among the default families (a job that lists none gets it).
 
     With Adam (two states) the same job has no such plan below 8 nodes: FSDP2's checkpoint
-    peak over 2 ranks, 5 w P, is DP's (the old model, without the checkpoint, put it at 2)."""
+    peak over 2 ranks, 5 w P and a unit, is above DP's (the old model, without the checkpoint, put it at 2)."""
     from malleparsl.plans import FAMILIES
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
@@ -309,8 +309,8 @@ def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
     adam = replace(prof, opt_states=2, zero_overhead=0.0)
     assert min_nodes_for(PlanOptions(adam, 64, 140 * MIB, with_fsdp), 1, 8) == 8
     two = plan_memory(adam, parse_plan("fsdp@mb=4"), n=2, global_batch=64)
-    assert two.checkpoint == 3 * 40e6 and two.peak == pytest.approx(200e6)
-    assert two.peak == plan_memory(adam, parse_plan("dp@mb=4"), n=2, global_batch=64).peak
+    assert two.checkpoint == 3 * 40e6 + 2e6 and two.peak == pytest.approx(202e6)  # + a unit
+    assert two.peak > plan_memory(adam, parse_plan("dp@mb=4"), n=2, global_batch=64).peak
     # live: the profiler hands the allocator that curve and the driver that plan
     pol, profiler = Recording(), PlanProfiler()
     ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=profiler)

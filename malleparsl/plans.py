@@ -28,12 +28,18 @@ bytes per sample kept for the backward pass without/with checkpointing)::
                             + m * (A_ckpt if ckpt else A) + m * G_t   (activation gradients)
     gradient sync peak    = persistent + w P      (the flat all-reduce buffer)
     optimizer step peak   = persistent + t w P / (n if zero1 else 1)   (t: step temporaries)
+    checkpoint peak       = persistent + [zero1] s w P (n - 1) / n   (the other ranks' shards,
+                            gathered on rank 0 to write the plain file)
+                                       + [fsdp] (1 + s) w P + buffers + w U  (the whole plain
+                            state, and about one unit in flight; a restore reads the state
+                            whole on every rank, less the gradients)
+                            (a replicated plan's file streams from the live state: + 0)
 
     under fsdp: parameters, gradients, optimizer state and temporaries / n, no flat buffer,
     and the forward/backward peak adds 4 w U (U: the largest unit's params): in a unit's
     backward, its all-gathered parameters, the next unit's (prefetched), its unsharded
     gradients and their copy in the reduce-scatter input buffer
-    peak = max(the three)
+    peak = max(the four)
 
 >>> prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
 >>> mem = plan_memory(prof, parse_plan("dp"), n=1, global_batch=64)
@@ -178,6 +184,7 @@ class PlanMemory:
     comm_buffers: float
     micro_batch: int
     peak: float
+    checkpoint: float = 0.0  # what rank 0 gathers beyond its persistent state to write one
 
 
 def local_batch(global_batch: int, n: int) -> int:
@@ -211,8 +218,17 @@ def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: in
         comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # ZERO_GLOO_OVERHEAD
         persistent = 2 * wp + opt + prof.buffers + comm
         fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
-    peak = max(fwd_bwd, persistent + sync, persistent + temps)
-    return PlanMemory(params, grads, opt, act, prof.buffers, sync, temps, comm, mb, peak)
+    # a checkpoint holds the plain state: gathered on rank 0 under a sharded plan (and read
+    # whole by every rank at a restore); a replicated plan's file streams from the live state
+    if plan.fsdp and n > 1:  # + one unit's parameters in flight: measured, not root-caused
+        ckpt = (1 + prof.opt_states) * wp + prof.buffers + comm / FSDP_UNIT_COPIES
+    elif plan.zero and n > 1:
+        ckpt = prof.opt_states * wp * (n - 1) / n
+    else:
+        ckpt = 0.0
+    peak = max(fwd_bwd, persistent + sync, persistent + temps, persistent + ckpt)
+    return PlanMemory(params, grads, opt, act, prof.buffers, sync, temps, comm, mb, peak,
+                      checkpoint=ckpt)
 
 
 def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIES) -> list[ExecPlan]:

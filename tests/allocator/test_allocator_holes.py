@@ -121,15 +121,15 @@ def test_view_sizes_helpers_and_the_exact_optimum_skip_holes() -> None:
 
 
 def _plan_job(job_id: str = "f") -> JobSpec:
-    """An FSDP2-only job (110 MiB nodes, 64 samples): runs at 2 and 4 nodes, not 3."""
+    """An FSDP2-only job (140 MiB nodes, 64 samples, SGD with momentum): runs at 2 and 4 nodes, not 3."""
     from malleparsl.executors.planning import spec_from_options
     from malleparsl.plans import MemoryProfile
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
-                         unit_params=500_000)
+                         unit_params=500_000, opt_states=1, zero_overhead=1.3)
     return spec_from_options({
         "job_id": job_id, "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
-        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9})
+        "global_batch": 64, "node_memory_bytes": 140 * MIB, "total_samples": 1e9})
 
 
 def _controller(policy: AllocationPolicy) -> Controller:

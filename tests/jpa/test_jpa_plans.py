@@ -3,6 +3,8 @@ the controller's plan profiler (what the allocator plans with, what the driver r
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from malleparsl.allocator import make_policy
@@ -274,39 +276,48 @@ def test_sizes_with_no_plan_are_out_of_the_view_and_bad_sizes_raise_clearly() ->
 
 
 def test_fsdp_is_chosen_where_it_is_the_only_plan_that_fits() -> None:
-    """110 MiB a node: ZeRO-1 never fits (parameters and gradients alone are 80 MB, its sync
-    buffer 40 more); FSDP2 shards those too (2 ranks: 80 MB persistent, 4 copies of a 2 MB
-    unit, the optimizer step's 20 MB), so it is the plan from 2 nodes on, and only where the
-    global batch splits evenly. Where ZeRO-1 fits as well, ZeRO-1 is chosen (fewer rounds).
-    FSDP2 is among the default families (a job that lists none gets it)."""
+    """140 MiB a node, SGD with momentum (one optimizer state), ZeRO-1 on gloo (1.3 parameter
+    copies besides): DP needs 160 MB (parameters, gradients, momentum, sync buffer), ZeRO-1
+    more; FSDP2 over 2 ranks holds 60 MB of shards and 80 MB more at a checkpoint (the whole
+    plain parameters and momentum, gathered on rank 0), so it is the plan from 2 nodes on, and
+    only where the global batch splits evenly. Where DP fits as well, DP is chosen. FSDP2 is
+    among the default families (a job that lists none gets it).
+
+    With Adam (two states) the same job has no such plan below 8 nodes: FSDP2's checkpoint
+    peak over 2 ranks, 5 w P and a unit, is above DP's (the old model, without the checkpoint, put it at 2)."""
     from malleparsl.plans import FAMILIES
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
-                         unit_params=500_000)
+                         unit_params=500_000, opt_states=1, zero_overhead=1.3)
     with_fsdp = FAMILIES
     no_fsdp = tuple(b for b in FAMILIES if not b.startswith("fsdp"))
     assert {"fsdp", "fsdp+ckpt"} <= set(FAMILIES)
-    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
+    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=140 * MIB,
                             n_max=8, bases=no_fsdp).min_nodes is None  # without FSDP2: none fits
-    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=110 * MIB,
+    assert plan_aware_curve(PlanPerfModel.default(prof), global_batch=64, budget=140 * MIB,
                             n_max=8).min_nodes == 2  # the default families
-    jp = JobPlans(PlanOptions(prof, 64, 110 * MIB, with_fsdp))
+    jp = JobPlans(PlanOptions(prof, 64, 140 * MIB, with_fsdp))
     pc = jp.curve(8)
     assert pc.min_nodes == 2 and pc.curve.rate(1) == 0.0
     assert all(pc.plans[n].fsdp for n in (2, 4, 8)) and jp.choose(2).fsdp
     assert 3 not in pc.plans and jp.plan_cost(3) is None  # 64 samples do not split over 3
     assert jp.plan_cost(2) > 1.0  # slower than DP would be
     assert jp.cost_vs_dp(jp.choose(2), 2) == jp.plan_cost(2)
-    assert min_nodes_for(PlanOptions(prof, 64, 110 * MIB, with_fsdp), 1, 8) == 2
+    assert min_nodes_for(PlanOptions(prof, 64, 140 * MIB, with_fsdp), 1, 8) == 2
     roomy = JobPlans(PlanOptions(prof, 64, 160 * MIB, with_fsdp))
-    assert parse_plan("fsdp") in roomy.opts.feasible(2) and roomy.choose(2).zero
+    assert any(p.fsdp for p in roomy.opts.feasible(2)) and not roomy.choose(2).fsdp
+    adam = replace(prof, opt_states=2, zero_overhead=0.0)
+    assert min_nodes_for(PlanOptions(adam, 64, 140 * MIB, with_fsdp), 1, 8) == 8
+    two = plan_memory(adam, parse_plan("fsdp@mb=4"), n=2, global_batch=64)
+    assert two.checkpoint == 3 * 40e6 + 2e6 and two.peak == pytest.approx(202e6)  # + a unit
+    assert two.peak > plan_memory(adam, parse_plan("dp@mb=4"), n=2, global_batch=64).peak
     # live: the profiler hands the allocator that curve and the driver that plan
     pol, profiler = Recording(), PlanProfiler()
     ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=profiler)
     ctl.add_nodes(["a", "b", "c", "d"], now_s=0)
     ctl.submit(spec_from_options({
         "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
-        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
+        "global_batch": 64, "node_memory_bytes": 140 * MIB, "total_samples": 1e9}), now_s=0)
     ctl.replan(now_s=0)
     view = pol.views[-1]["f"]
     assert view.lo == 2 and view.curve.rate(3) == 0.0
@@ -360,13 +371,13 @@ def test_a_size_with_no_plan_inside_the_range_is_never_given() -> None:
             return Allocation({jobs[0].job_id: frozenset(sorted(snapshot.nodes)[: self.k])})
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
-                         unit_params=500_000)
+                         unit_params=500_000, opt_states=1, zero_overhead=1.3)
     pol = Take()
     ctl = Controller(policy=pol, advisor=LinearPlaceholderAdvisor(), plans=PlanProfiler())
     ctl.add_nodes(["a", "b", "c", "d", "e"], now_s=0)
     ctl.submit(spec_from_options({
         "job_id": "f", "min_nodes": 1, "max_nodes": 4, "memory_profile": prof.as_dict(),
-        "global_batch": 64, "node_memory_bytes": 110 * MIB, "total_samples": 1e9}), now_s=0)
+        "global_batch": 64, "node_memory_bytes": 140 * MIB, "total_samples": 1e9}), now_s=0)
     ctl.replan(now_s=0)  # 3 asked: no plan there, refused
     assert not ctl.allocation.nodes_of("f")
     pol.k = 2
@@ -402,10 +413,10 @@ def test_a_minimum_inside_a_hole_moves_up_to_a_size_with_a_plan() -> None:
     """FSDP2-only job, 64 samples: runs at 2 and 4 nodes, not 3. min_nodes=3 becomes 4 (was 3,
     so a probe at the minimum landed in the hole)."""
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
-                         unit_params=500_000)
+                         unit_params=500_000, opt_states=1, zero_overhead=1.3)
     from malleparsl.plans import FAMILIES
 
-    opts = PlanOptions(prof, 64, 110 * MIB, FAMILIES)
+    opts = PlanOptions(prof, 64, 140 * MIB, FAMILIES)
     assert min_nodes_for(opts, 3, 8) == 4 and min_nodes_for(opts, 1, 8) == 2
     from malleparsl.allocator.base import ClusterSnapshot, JobView
     from malleparsl.model import JobSpec, ScalingCurve
@@ -435,8 +446,8 @@ def test_a_job_with_no_plan_within_its_bounds_is_given_no_nodes() -> None:
     from malleparsl.plans import FAMILIES
 
     prof = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5,
-                         unit_params=500_000)
-    opts = PlanOptions(prof, 64, 110 * MIB, FAMILIES)
+                         unit_params=500_000, opt_states=1, zero_overhead=1.3)
+    opts = PlanOptions(prof, 64, 140 * MIB, FAMILIES)
     spec = JobSpec("f", max_nodes=4, meta={"plan_options": opts})
     pp = PlanProfiler()
     pp.register(spec, 0.0)

@@ -371,7 +371,7 @@ class MilpPolicy(AllocationPolicy):
                             self._added[(j.job_id, n)] = snapshot.now_s
                     else:
                         rk = j.curve.rate(len(alloc.nodes_of(j.job_id)))
-                        job_h = j.spec.total_samples / rk if rk > 0 else math.inf
+                        job_h = j.remaining / rk if rk > 0 else math.inf
                         pred = min(min(raw[n] for n in added), job_h)
                         self._open.append((snapshot.now_s, pred, j.job_id, frozenset(added)))
         return alloc

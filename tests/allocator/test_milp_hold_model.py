@@ -219,21 +219,3 @@ def test_arrivals_refuses_unknown_values(bad):
         make_policy("milp-horizon", **bad)
     with pytest.raises(SpecError):
         make_policy("milp", arrivals="next")  # a horizon option
-
-
-def test_calibrate_predicts_a_grow_on_a_nearly_done_job_to_last_until_it_is_done():
-    """Five grows of a job with 10,000 samples left (50 s at 2 nodes) onto nodes that stay
-    1,000 s, each job done after those 50 s: the grows lasted what was predicted (ratio 1),
-    so a node staying 100 s is still worth 100 s (10,000 > pause 1,000: taken). Predicting
-    from the job's total samples instead (1,000 s) learns a ratio of 0.05 and declines it."""
-    spec = _holder(total=1e9)
-    pol = make_policy("milp-horizon", learn_hold="calibrate")
-    for i in range(5):
-        t = 100.0 * i
-        nearly = JobView(spec, LINEAR, frozenset({"a"}), remaining_samples=10_000.0)
-        snap = ClusterSnapshot(now_s=t, nodes=("a", f"b{i}"), node_end_s={f"b{i}": t + 1000})
-        assert pol.allocate(snap, [nearly]).size("j") == 2
-        pol.allocate(ClusterSnapshot(now_s=t + 50, nodes=("a",)), [])  # the job is done
-    job = JobView(_holder(), LINEAR, frozenset({"a"}))
-    snap = ClusterSnapshot(now_s=600.0, nodes=("a", "c"), node_end_s={"c": 700.0})
-    assert pol.allocate(snap, [job]).size("j") == 2

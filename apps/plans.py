@@ -95,13 +95,15 @@ def _consolidate_zero(zero: Any) -> None:
             shards.append(own)  # references to the live state, as torch keeps on CPU
         elif r == me:
             tensors: list[torch.Tensor] = []
-            dist.send_object_list([_skeleton(own, tensors)], dst=dst, group=zero.process_group)
+            dist.send_object_list([_skeleton(own, tensors)], dst=dst, group=zero.process_group,
+                                 device=zero._default_device)
             for t in tensors:  # on the group's device (NCCL sends no CPU tensor: Adam's step)
                 dist.send(t.detach().to(zero._default_device).contiguous(), dst=dst,
                           group=zero.process_group)
         elif me == 0:
             box: list[Any] = [None]
-            dist.recv_object_list(box, src=src, group=zero.process_group)
+            dist.recv_object_list(box, src=src, group=zero.process_group,
+                                 device=zero._default_device)  # as torch's: NCCL's device
             shards.append(_filled(box[0], src, zero))
     zero._all_state_dicts = shards if me == 0 else []
 

@@ -194,20 +194,21 @@ def run_one(rig: Rig, fault: Fault, index: int, rng: random.Random) -> dict[str,
     if hang:
         rec["result_lost"] = fault.expect_error is None
         rec["detail"] = "future not resolved within the deadline"
-        return rec
-    exc = fut.exception()
-    if fault.expect_error is None:
+    elif fault.expect_error is None:
+        exc = fut.exception()
         res = None if exc is not None else fut.result()
         right = res is not None and res["steps"] == STEPS and res["total"] == float(STEPS)
         rec["survived"], rec["result_lost"] = right, not right
         rec["detail"] = repr(exc) if exc is not None else f"sizes {res['sizes']}"
     else:
+        exc = fut.exception()
         rec["survived"] = isinstance(exc, fault.expect_error) and fault.error_text in str(exc)
         rec["detail"] = repr(exc)[:300]
-    if not fault.kills_executor:
+    if not fault.kills_executor:  # undone after a hang too (a cut link must come back up)
         problems = fault.cleanup(rig, job)
         if problems:
-            rec["survived"], rec["detail"] = False, "; ".join(problems)
+            rec["survived"] = False
+            rec["detail"] = "; ".join(([rec["detail"]] if hang else []) + problems)
         if fault.note:
             rec["detail"] += f"; {fault.note}"
     return rec

@@ -157,7 +157,10 @@ class MilpPolicy(AllocationPolicy):
         ``"calibrate"`` scales every horizon instead (keeping their order) by the median, over
         this run's finished grows (at least ``MIN_CALIBRATED``), of how long the grow lasted
         until its first added node left the job (taken back, moved by the policy, or the job
-        done) over the hold the model predicted for it (docs/allocator.md, item 2: ~650 s
+        done) over a predicted hold: the lowest horizon of its nodes, or the job's whole
+        duration at the grown size if shorter (its total samples, not those left: a grow
+        ended by the job finishing counts as short; measured better than the time left,
+        docs/allocator.md, item 2: ~650 s
         predicted against ~130-220 s median realised, the machine's reclaims, the policy's
         own moves and job ends together).
     arrivals
@@ -371,6 +374,7 @@ class MilpPolicy(AllocationPolicy):
                             self._added[(j.job_id, n)] = snapshot.now_s
                     else:
                         rk = j.curve.rate(len(alloc.nodes_of(j.job_id)))
+                        # total, not remaining, samples: tuned so (docs/allocator.md)
                         job_h = j.spec.total_samples / rk if rk > 0 else math.inf
                         pred = min(min(raw[n] for n in added), job_h)
                         self._open.append((snapshot.now_s, pred, j.job_id, frozenset(added)))

@@ -80,3 +80,56 @@ def test_zero1_consolidation_receives_each_shard_once(tmp_path) -> None:
     shard = r0["adam_bytes"] / 2
     assert all(0.8 * shard < p < 1.4 * shard for p in r0["peaks"]), (r0["peaks"], shard)
     assert all(p < 0.5 * shard for p in r1["peaks"]), (r1["peaks"], shard)  # sends in place
+
+
+def _zero1_devices_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
+                       options={"plan": "zero1", "deterministic": False})
+    ctx.group = True
+    seen: list[str] = []
+
+    def spy(fn):  # calls through; records the device the object goes over
+        def call(*a, **kw):
+            seen.append(str(kw.get("device")))
+            return fn(*a, **kw)
+        return call
+
+    for name in ("send_object_list", "recv_object_list"):  # apps.plans imports them from dist
+        setattr(dist, name, spy(getattr(dist, name)))
+    try:
+        x, y = teacher_data(n=8, d_in=16)
+        model = BlockMLP(d_in=16, width=8, depth=2)
+        model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        paths = [str(ctx.save())]  # before the first step: no optimizer state on any rank
+        opt.zero_grad()
+        loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
+        opt.step()
+        ctx.step = 1
+        paths.append(str(ctx.save()))
+        return {"seen": seen, "device": str(opt.opt._default_device), "paths": paths}
+    finally:
+        ctx.close()
+
+
+def test_zero1_consolidation_sends_objects_on_the_optimizer_device(tmp_path) -> None:
+    """NCCL sends no CPU tensor and, without ``device``, an object goes over
+    ``torch.cuda.current_device()``, which nothing sets (a rank bound to cuda:1 would send
+    from cuda:0): the structure must go over the optimizer's device, as torch's own
+    consolidation does. A save before the first step (no state yet) must not hang."""
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_zero1_devices_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=300)
+    assert len(r0["seen"]) == len(r1["seen"]) == 2  # one structure per save
+    assert set(r0["seen"]) == set(r1["seen"]) == {r0["device"]}, (r0, r1)
+    assert r0["paths"][1].endswith("ckpt-0000000001.pt")

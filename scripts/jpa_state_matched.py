@@ -21,13 +21,14 @@ beyond or below the sizes explored; fitted or model-free; nodes idle; started fr
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import importlib
 import json
 import sys
 
 import numpy as np
 
-from malleparsl.allocator.base import JobView
 from malleparsl.jpa.advisor import JobProfilingAdvisor
 from malleparsl.jpa.audit import DecisionAudit
 from malleparsl.jpa.bench_zoo import family_jobs, parse_seeds
@@ -63,7 +64,9 @@ class VariantAudit(DecisionAudit):
     def allocate(self, snapshot, jobs):  # noqa: ANN001, ANN201
         for name, sets in self.variants:
             vjobs = self._variant_views(snapshot, jobs, sets)
-            valloc = self.policy.allocate(snapshot, vjobs)
+            # a copy: a stateful policy (learn_hold, arrivals, tie_seed) must learn only from
+            # the real run's decisions, not from the variants'
+            valloc = copy.deepcopy(self.policy).allocate(snapshot, vjobs)
             self.vdec[name].append(self._score(snapshot, jobs, valloc))
         return super().allocate(snapshot, jobs)
 
@@ -89,7 +92,7 @@ class VariantAudit(DecisionAudit):
                     curve = adv.planning_curve(rec, n_tab)
                 finally:
                     rec._cache, rec.plan_cache = cache, plans
-                out.append(JobView(v.spec, curve, v.current) if curve is not None else v)
+                out.append(dataclasses.replace(v, curve=curve) if curve is not None else v)
         finally:
             for obj, attr, val in reversed(old):
                 setattr(obj, attr, val)
@@ -98,6 +101,8 @@ class VariantAudit(DecisionAudit):
 
 
 def eff(decs, end_s):  # noqa: ANN001, ANN201
+    if not decs:
+        raise SystemExit("no decisions were audited: nothing to compare")
     t = np.array([d.now_s for d in decs] + [max(end_s, decs[-1].now_s)])
     dt = np.diff(t)
     best = np.array([d.best for d in decs])
@@ -129,6 +134,9 @@ def main() -> None:
                                policy_options={"advisor": adv, "audit": audit})
                 dt, best, chosen = eff(audit.decisions, res.end_s)
                 ref = float(dt @ best)
+                if ref <= 0:
+                    raise SystemExit(f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
+                                     "window (no idle nodes?): nothing to compare")
                 row = {"family": fam, "nodes": sl, "seed": seed,
                        "default": 100 * float(dt @ chosen) / ref, "samples": res.samples}
                 for name, _ in variants:
@@ -229,6 +237,9 @@ def diagnose() -> None:
                                policy_options={"advisor": adv, "audit": audit})
                 dt, best, chosen = eff(audit.decisions, res.end_s)
                 ref = float(dt @ best)
+                if ref <= 0:
+                    raise SystemExit(f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
+                                     "window (no idle nodes?): nothing to compare")
                 s = audit.summary(res.end_s)
                 print(json.dumps({"family": fam, "nodes": sl, "seed": seed,
                                   "eff": round(s["decision_eff"], 2),

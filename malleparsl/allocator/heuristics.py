@@ -25,11 +25,37 @@ from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
 from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes, check_inputs, job_values
 from malleparsl.allocator.placement import fallback_counts, node_horizons, place
+from malleparsl.errors import SpecError
 from malleparsl.model import Allocation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EqualSharePolicy", "GreedyPolicy", "equal_share_counts", "greedy_counts"]
+__all__ = [
+    "EqualSharePolicy",
+    "GreedyPolicy",
+    "TieShuffle",
+    "equal_share_counts",
+    "greedy_counts",
+]
+
+
+class TieShuffle:
+    """``tie_seed`` of a policy: ``None`` keeps the jobs in the order given (today's answers);
+    an integer takes them in a fresh random order at every decision (one generator, seeded
+    once), so that among answers of equal value a different one may be taken. For measuring
+    how much a replay moves with tie-breaking alone (docs/allocator.md), not for production.
+    """
+
+    def __init__(self, tie_seed: int | None) -> None:
+        if tie_seed is not None and (isinstance(tie_seed, bool) or not isinstance(tie_seed, int)):
+            raise SpecError(f"tie_seed must be an integer or None, got {tie_seed!r}")
+        self.tie_seed = tie_seed
+        self._rng = None if tie_seed is None else np.random.default_rng(tie_seed)
+
+    def __call__(self, jobs: Sequence[JobView]) -> Sequence[JobView]:
+        if self._rng is None:
+            return jobs
+        return [jobs[int(i)] for i in self._rng.permutation(len(jobs))]
 
 
 def _fcfs(jobs: Sequence[JobView]) -> list[int]:
@@ -115,6 +141,8 @@ def greedy_counts(
 class _CountPolicy(AllocationPolicy):
     """Shared body: validate, compute counts, place them (longest-lived nodes first)."""
 
+    _ties = TieShuffle(None)
+
     def _counts(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> dict[str, int]:
         raise NotImplementedError
 
@@ -122,6 +150,7 @@ class _CountPolicy(AllocationPolicy):
         check_inputs(snapshot, jobs)
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
+        jobs = self._ties(jobs)
         counts = self._counts(snapshot, jobs)
         return place(snapshot, jobs, counts, horizons=node_horizons(snapshot))
 
@@ -139,10 +168,13 @@ class EqualSharePolicy(_CountPolicy):
 
 @register_policy("greedy")
 class GreedyPolicy(_CountPolicy):
-    """Marginal gain per node, respecting bounds and rescale costs (never takes from a job)."""
+    """Marginal gain per node, respecting bounds and rescale costs (never takes from a job).
 
-    def __init__(self) -> None:
-        pass
+    ``tie_seed``: see :class:`TieShuffle` (equal gains go to the first job in the order taken).
+    """
+
+    def __init__(self, *, tie_seed: int | None = None) -> None:
+        self._ties = TieShuffle(tie_seed)
 
     def _counts(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> dict[str, int]:
         return greedy_counts(snapshot, jobs)

@@ -67,6 +67,10 @@ class MilpNodePolicy(AllocationPolicy):
     threads
         Solver threads (``None``: the solver's default). One by default: these models are
         small, and on a shared node extra solver threads mostly wait for a core.
+    tie_seed
+        ``None`` (default): the jobs in the order given. An integer: in a fresh seeded random
+        order at every decision (model and fallback), so the solver may return another
+        optimum of equal value (:class:`~malleparsl.allocator.heuristics.TieShuffle`).
     """
 
     def __init__(
@@ -76,8 +80,12 @@ class MilpNodePolicy(AllocationPolicy):
         time_limit_s: float = 60.0,
         mip_gap: float = 1e-6,
         threads: int | None = 1,
+        tie_seed: int | None = None,
     ) -> None:
+        from malleparsl.allocator.heuristics import TieShuffle
+
         check_solver_options(solver, time_limit_s, mip_gap)
+        self._ties = TieShuffle(tie_seed)
         self.solver = solver
         self.time_limit_s = time_limit_s
         self.mip_gap = mip_gap
@@ -93,6 +101,7 @@ class MilpNodePolicy(AllocationPolicy):
         self.last_result, self.last_fallback = None, False
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
+        jobs = self._ties(jobs)
         prob, x = self._model(snapshot, jobs)
         res = solve(
             prob,

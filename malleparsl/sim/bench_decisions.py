@@ -12,6 +12,13 @@ docs/allocator.md (hours on a shared 2-core machine: run it with ``nice``).
 The other item-2 cases were not tuned on but have been run and decomposed many times (poisson
 seeds 2 and 3 at 0:512 and both whole traces to explain misses); ``FRESH`` (``poisson`` seeds
 4-7, 24 h, 0:128 and 0:512) were first run for the final candidate of session 7.
+
+One replay at 512 nodes moves by 1-3.7 % with tie-breaking alone (docs/allocator.md), so
+``--ties K`` replays every policy that takes ``tie_seed`` K times (``None``, 1 .. K-1) and
+reports each case's mean, min and max, the best mean of the five policies issue 14 names
+(``best_of_five_mean``) and every policy's margin on means against it. A policy entry may
+carry its own options, ``NAME:KEY=VALUE:KEY=VALUE`` (e.g. the item-2 candidate next to plain
+``milp-horizon``); such an entry never counts among the five.
 """
 
 from __future__ import annotations
@@ -70,12 +77,50 @@ FRESH = [
 """Held-out generated shapes never run before session 7's final item-2 candidate."""
 FULL += FRESH
 POLICIES = "hold,equal-share,greedy,milp,milp-node,milp-horizon"
+FIVE = ("equal-share", "greedy", "milp", "milp-node", "milp-horizon")
+"""The baselines of issue 14, item 2 (plain entries only)."""
 
 
-def run_case(case: Case, policies: list[str], options: dict | None = None) -> list[dict]:
+def parse_entry(entry: str) -> tuple[str, dict]:
+    """``"milp-horizon:learn_hold=calibrate:costs=pause"`` -> the policy and its own options."""
+    from malleparsl.sim.bench_worst import _policy_options
+
+    name, *pairs = entry.split(":")
+    return name.strip(), _policy_options(pairs)
+
+
+def takes_ties(name: str, options: dict) -> bool:
+    """Whether the policy ``name`` accepts a ``tie_seed`` (``hold`` and ``equal-share`` do not)."""
+    from malleparsl.errors import SpecError
+    from malleparsl.sim.setups import make_setup
+
+    try:
+        make_setup(name, **{**options, "tie_seed": 1})
+    except (SpecError, TypeError):
+        return False
+    return True
+
+
+def _margins(rows: list[dict]) -> None:
+    """Add ``best_of_five_mean`` and each row's margin (%) on means against it, in place."""
+    five = [r["samples_mean"] for r in rows if r["label"] in FIVE]
+    best = max(five) if five else None
+    for r in rows:
+        r["best_of_five_mean"] = best
+        r["margin_vs_best_of_five_mean_pct"] = (
+            None if not best else round(100.0 * (r["samples_mean"] / best - 1.0), 3)
+        )
+
+
+def run_case(
+    case: Case, policies: list[str], options: dict | None = None, ties: int = 1
+) -> list[dict]:
     """Simulate ``case`` under each policy and both bounds; one row per policy.
 
-    ``options`` go to every named policy (not to the bounds), as ``simulate``'s policy options.
+    ``options`` go to every named policy (not to the bounds), as ``simulate``'s policy options;
+    an entry ``NAME:KEY=VALUE`` adds its own (:func:`parse_entry`). With ``ties`` > 1 each
+    policy that takes ``tie_seed`` is replayed with ``None``, 1 .. ``ties``-1; ``samples`` and
+    the other figures stay the ``None`` replay's, ``samples_mean/min/max`` cover all.
     """
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
@@ -96,14 +141,24 @@ def run_case(case: Case, policies: list[str], options: dict | None = None) -> li
     t1 = full.end_s if case.hours <= 0 else min(full.end_s, t0 + 3600 * case.hours)
     tr = full.window(t0, t1)
     opts = SimOptions(max_active=case.max_active or None, semantics=case.semantics, seed=case.seed)
-    names = policies + ["upper-bound-capped", "upper-bound"]
+    entries = [(label, *parse_entry(label)) for label in policies]
+    merged = [{**(options or {}), **own} for _, _, own in entries]
+    names = [name for _, name, _ in entries] + ["upper-bound-capped", "upper-bound"]
     results = [
         simulate(tr, specs, policy=p, options=opts, history=full,
-                 policy_options=options if p in policies else None)
-        for p in names
+                 policy_options=(merged[i] or None) if i < len(entries) else None)
+        for i, p in enumerate(names)
     ]
+    tie_samples: list[list[float]] = [[r.samples] for r in results[: len(entries)]]
+    for i, (_, name, _) in enumerate(entries):
+        if ties > 1 and takes_ties(name, merged[i]):
+            for seed in range(1, ties):
+                more = simulate(tr, specs, policy=name, options=opts, history=full,
+                                policy_options={**merged[i], "tie_seed": seed})
+                tie_samples[i].append(more.samples)
     rows = []
-    for r in compare(results)[: len(policies)]:
+    for i, r in enumerate(compare(results)[: len(policies)]):
+        got = tie_samples[i]
         rows.append(
             {
                 "case": case.name,
@@ -111,7 +166,13 @@ def run_case(case: Case, policies: list[str], options: dict | None = None) -> li
                 "semantics": case.semantics,
                 "max_active": case.max_active,
                 "policy": r["policy"],
-                "options": options or {},
+                "label": entries[i][0],
+                "options": merged[i],
+                "ties": len(got),
+                "tie_samples": got,
+                "samples_mean": sum(got) / len(got),
+                "samples_min": min(got),
+                "samples_max": max(got),
                 "samples": r["samples"],
                 "mean_jct_h": r["mean_jct_h"],
                 "last_finish_h": r["last_finish_h"],
@@ -125,6 +186,7 @@ def run_case(case: Case, policies: list[str], options: dict | None = None) -> li
                 "wall_s": r["wall_s"],
             }
         )
+    _margins(rows)
     return rows
 
 
@@ -136,6 +198,10 @@ def bench_decisions(
     option: list[str] = typer.Option(  # noqa: B008 - typer's way to declare a repeated option
         [], "--option", help="KEY=VALUE option of the named policies (repeatable; e.g. "
         "--policy milp-horizon --option learn_hold=median)."
+    ),
+    ties: int = typer.Option(
+        1, "--ties", min=1, help="Replays per policy with tie_seed None, 1 .. K-1 (policies "
+        "that take it); report mean, min, max and margins on means."
     ),
 ) -> None:
     """Samples, mean JCT and decision times of each policy on each case, with both bounds."""
@@ -154,27 +220,32 @@ def bench_decisions(
         chosen = [c for c in QUICK + FULL if c.name in want]
     names = [p.strip() for p in policy.split(",") if p.strip()]
     options = _policy_options(option)
-    if options:  # refuse a misfit option before hours of replays, naming the policy
+    if ties > 1 and "tie_seed" in options:
+        raise typer.BadParameter("--ties sets tie_seed itself: drop --option tie_seed")
+    for label in names:  # refuse a misfit option before hours of replays, naming the policy
+        name, own = parse_entry(label)
+        if not (options or own):
+            continue
         from malleparsl.errors import SpecError
         from malleparsl.sim.setups import make_setup
 
-        for name in names:
-            try:
-                make_setup(name, **options)
-            except SpecError as exc:
-                raise typer.BadParameter(f"--option for policy {name!r}: {exc}") from None
+        try:
+            make_setup(name, **{**options, **own})
+        except SpecError as exc:
+            raise typer.BadParameter(f"--option for policy {name!r}: {exc}") from None
     table = Table(
-        "case", "policy", "samples", "% capped", "% bound", "JCT h", "rescales", "ms med/p95/max"
+        "case", "policy", "samples", "% capped", "% bound", "JCT h", "rescales",
+        "ms med/p95/max", *(["mean (min-max)", "vs best 5 %"] if ties > 1 else []),
     )
     for case in chosen:
-        for row in run_case(case, names, options):
+        for row in run_case(case, names, options, ties):
             if json_out:
                 sys.stdout.write(json.dumps(row) + "\n")
                 sys.stdout.flush()
             else:
                 table.add_row(
                     case.name + ("" if case.held_out else " (tuning)"),
-                    row["policy"],
+                    row["label"],
                     f"{row['samples']:.4g}",
                     f"{row['pct_of_capped_bound'] or 0:.1f}",
                     f"{row['pct_of_upper_bound'] or 0:.1f}",
@@ -182,9 +253,29 @@ def bench_decisions(
                     str(row["rescales"]),
                     f"{row['decision_median_ms']:.1f}/{row['decision_p95_ms']:.1f}/"
                     f"{row['decision_max_ms']:.1f}",
+                    *(
+                        [
+                            f"{row['samples_mean']:.5g} ({row['samples_min']:.5g}-"
+                            f"{row['samples_max']:.5g})",
+                            str(row["margin_vs_best_of_five_mean_pct"]),
+                        ]
+                        if ties > 1
+                        else []
+                    ),
                 )
     if not json_out:
         Console(width=160).print(table)
 
 
-__all__ = ["FRESH", "FULL", "QUICK", "Case", "asdict", "bench_decisions", "run_case"]
+__all__ = [
+    "FIVE",
+    "FRESH",
+    "FULL",
+    "QUICK",
+    "Case",
+    "asdict",
+    "bench_decisions",
+    "parse_entry",
+    "run_case",
+    "takes_ties",
+]

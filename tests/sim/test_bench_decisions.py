@@ -72,3 +72,37 @@ def test_cases_tuned_on_are_not_marked_held_out():
         (s, n) for s in range(4, 8) for n in ("0:128", "0:512")
     }
     assert all(c.held_out and c in FULL for c in FRESH)
+
+
+CANDIDATE = "milp-horizon:learn_hold=calibrate:exposure=first:costs=pause:arrivals=next"
+
+
+def test_ties_replays_each_tie_taking_policy_and_reports_margins_on_means():
+    case = ["bench", "decisions", "--quick", "--json", "--cases", "quick-poisson-0:32-6h"]
+    res = runner.invoke(app, [*case, "--ties", "3", "--policy", f"equal-share,greedy,{CANDIDATE}"])
+    assert res.exit_code == 0, res.output
+    rows = {r["label"]: r for r in map(json.loads, res.stdout.splitlines()) if "label" in r}
+    assert {k: r["ties"] for k, r in rows.items()} == {"equal-share": 1, "greedy": 3, CANDIDATE: 3}
+    cand = rows[CANDIDATE]
+    assert cand["policy"] == "milp-horizon" and cand["options"]["learn_hold"] == "calibrate"
+    for r in rows.values():
+        got = r["tie_samples"]
+        assert got[0] == r["samples"]  # the tie_seed=None replay keeps today's figures
+        assert r["samples_min"] == min(got) and r["samples_max"] == max(got)
+        assert r["samples_mean"] == pytest.approx(sum(got) / len(got))
+    # the candidate entry carries its own options, so it is not one of the five
+    best = max(rows[p]["samples_mean"] for p in ("equal-share", "greedy"))
+    assert cand["best_of_five_mean"] == pytest.approx(best)
+    assert cand["margin_vs_best_of_five_mean_pct"] == pytest.approx(
+        100 * (cand["samples_mean"] / best - 1), abs=1e-3
+    )
+    # the second greedy replay is the one --option tie_seed=1 gives
+    one = runner.invoke(app, [*case, "--policy", "greedy", "--option", "tie_seed=1"])
+    (row,) = [json.loads(line) for line in one.stdout.splitlines() if line.startswith("{")]
+    assert rows["greedy"]["tie_samples"][1] == row["samples"]
+
+
+def test_ties_refuses_a_tie_seed_option():
+    res = runner.invoke(app, ["bench", "decisions", "--quick", "--ties", "2", "--policy", "milp",
+                              "--option", "tie_seed=1"])
+    assert res.exit_code == 2 and "drop --option tie_seed" in " ".join(res.output.split())

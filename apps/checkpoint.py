@@ -22,7 +22,17 @@ checkpoint must never be half-visible and a damaged one must never be loaded sil
   system fault, not a user error).
 
 Files are named ``ckpt-<step:010d>.pt``; the newest ``keep`` are kept, never the file just
-written. :func:`state_layout` describes what a checkpoint holds (keys, shapes, dtypes and
+written.
+
+**Sharded checkpoints** (FSDP2): ``ckpt-<step:010d>.dcp`` is a directory written by every rank
+with ``torch.distributed.checkpoint`` (each rank writes its own shards, so no rank gathers the
+whole state). Each rank SHA-256s its own files, rank 0 writes ``meta.pt`` (the unsharded part of
+the payload) and ``manifest.json`` (every file's size and digest), and publishes the directory
+by ``os.replace`` of a temporary one. A read checks every file against the manifest before
+loading anything (torch's reader loads a flipped byte silently). The sharded entries come back
+as :class:`ShardedState`: an FSDP2 object loads its shard from it in place, any other reads the
+plain state whole (:meth:`ShardedState.plain`, one process, no collectives). Both kinds are
+listed, pruned and resumed from side by side. :func:`state_layout` describes what a checkpoint holds (keys, shapes, dtypes and
 classes) so a resumed job can refuse a checkpoint of another model or optimizer.
 """
 
@@ -32,9 +42,11 @@ import contextlib
 import errno
 import hashlib
 import io
+import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -46,7 +58,10 @@ from malleparsl.errors import CheckpointError, CheckpointWriteError, SpecError
 log = logging.getLogger(__name__)
 
 MAGIC = b"MALLEPARSL-CKPT-1\n"
-_NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+_NAME = re.compile(r"^ckpt-(\d{10})\.(pt|dcp)$")
+MANIFEST = "manifest.json"
+META = "meta.pt"
+_DCP_FORMAT = "malleparsl-dcp-1"
 _DIGEST_LEN = 64  # hex SHA-256
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _CHUNK = 1 << 20  # bytes hashed per read
@@ -129,6 +144,64 @@ class _Payload(io.RawIOBase):
         return self._f.tell() - self._start
 
 
+def _sha256_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def plain_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (``get_optimizer_state_dict``'s) in the
+    plain optimizer's format: parameters numbered in the order of their groups."""
+    names = [n for g in state["param_groups"] for n in g["params"]]
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                             for g in state["param_groups"]]}
+
+
+@dataclass(frozen=True)
+class ShardedState:
+    """One registered object's state in a verified sharded checkpoint, read on demand."""
+
+    path: Path
+    key: str
+    kind: str  # "module" or "optimizer" (saved keyed by parameter names)
+
+    def load_into(self, state_dict: dict[str, Any]) -> None:
+        """Fill ``state_dict`` (DTensor shards or tensors) in place; a collective when
+        ``torch.distributed`` is initialised (every rank of the group calls it)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load({self.key: state_dict}, checkpoint_id=self.path,
+                 no_dist=not (dist.is_available() and dist.is_initialized()))
+
+    def plain(self) -> dict[str, Any]:
+        """The whole state in the plain format, read by this process alone."""
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        sd: dict[str, Any] = {}  # filled from the metadata (what _load_state_dict_from_keys
+        try:                     # does, without its collectives when a group exists)
+            _load_state_dict(sd, storage_reader=FileSystemReader(self.path), no_dist=True,
+                             planner=_EmptyStateDictLoadPlanner(keys={self.key}))
+        except Exception as exc:
+            raise CheckpointError(f"{self.path}: reading {self.key!r} failed: {exc}") from exc
+        state = sd[self.key]
+        return plain_optimizer_state(state) if self.kind == "optimizer" else state
+
+
 class CheckpointStore:
     """Write and read a job's checkpoints in ``directory``.
 
@@ -156,6 +229,9 @@ class CheckpointStore:
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"ckpt-{int(step):010d}.pt"
+
+    def sharded_path_for(self, step: int) -> Path:
+        return self.directory / f"ckpt-{int(step):010d}.dcp"
 
     def list(self) -> list[CheckpointInfo]:
         """Checkpoints on disk, oldest first (temporary files are ignored)."""
@@ -227,13 +303,115 @@ class CheckpointStore:
         for info in infos:
             if mine is not None and info.step > mine:
                 log.warning("removing %s: a higher step than the checkpoint just written", info.path)
-                info.path.unlink(missing_ok=True)
+                _remove(info.path)
         older = [c for c in infos if mine is not None and c.step < mine]
         for info in older[: max(0, len(older) - (self.keep - 1))]:
-            info.path.unlink(missing_ok=True)  # another writer may have pruned it first
+            _remove(info.path)  # another writer may have pruned it first
+        for info in infos:  # a plain and a sharded checkpoint of one step: keep the new one
+            if mine is not None and info.step == mine and info.path != written:
+                _remove(info.path)
+
+    def save_sharded(self, meta: dict[str, Any] | None, sharded: dict[str, Any],
+                     kinds: dict[str, str], *, step: int, rank: int,
+                     world_size: int) -> Path | None:
+        """Collective: write ``sharded`` (state dicts of DTensor shards) with every rank's own
+        files, and ``meta`` (rank 0's, the rest of the payload) beside them; returns the
+        directory on rank 0 once published, ``None`` elsewhere."""
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise SpecError(f"step must be an integer >= 0, got {step!r}")
+        final = self.sharded_path_for(step)
+        tmp = self.directory / f".tmp-ckpt-{int(step):010d}.dcp"
+        try:
+            if rank == 0:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                _remove(tmp)
+                tmp.mkdir()
+            dist.barrier()
+            dcp.save(sharded, checkpoint_id=tmp)
+            mine = {p.name: (_sha256_file(p), p.stat().st_size)
+                    for p in tmp.iterdir() if p.name.startswith(f"__{rank}_")}
+            every: list[Any] = [None] * world_size
+            dist.all_gather_object(every, mine)
+            if rank == 0:
+                with open(tmp / META, "wb") as f:
+                    torch.save(meta, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                files = {k: v for d in every for k, v in d.items()}
+                for p in tmp.iterdir():  # rank 0's share: DCP's metadata and meta.pt
+                    if not re.match(r"^__\d+_", p.name):
+                        files[p.name] = (_sha256_file(p), p.stat().st_size)
+                manifest = {"format": _DCP_FORMAT, "step": step, "world_size": world_size,
+                            "sharded": kinds,
+                            "files": {k: {"sha256": h, "bytes": b} for k, (h, b) in files.items()}}
+                with open(tmp / MANIFEST, "w") as f:
+                    json.dump(manifest, f, indent=1, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                _fsync_dir(tmp)
+                _remove(final)  # a stale one of this step (a failed run's) is replaced
+                os.replace(tmp, final)
+                _fsync_dir(self.directory)
+        except BaseException:
+            if rank == 0:
+                _remove(tmp)
+            raise
+        dist.barrier()  # no rank returns before the directory is published
+        if rank != 0:
+            return None
+        log.debug("sharded checkpoint step %d written to %s", step, final)
+        self._prune(written=final)
+        return final
+
+    def _verify_sharded(self, path: Path) -> dict[str, Any]:
+        """The manifest of a sharded checkpoint once every file it lists matches it."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({exc})") from exc
+        if manifest.get("format") != _DCP_FORMAT:
+            raise CheckpointError(f"{path / MANIFEST}: not a malleparsl sharded checkpoint")
+        for name, rec in sorted(manifest["files"].items()):
+            f = path / name
+            if not f.is_file():
+                raise CheckpointError(f"{f}: missing from the sharded checkpoint")
+            size = f.stat().st_size
+            if size != rec["bytes"]:
+                raise CheckpointError(f"{f}: {size} bytes, the manifest says {rec['bytes']}; "
+                                      "the file is truncated or corrupt")
+            actual = _sha256_file(f)
+            if actual != rec["sha256"]:
+                raise CheckpointError(
+                    f"{f}: checksum mismatch (stored {rec['sha256'][:12]}..., computed "
+                    f"{actual[:12]}...); the file is corrupt"
+                )
+        return manifest
+
+    def _read_sharded(self, path: Path) -> dict[str, Any]:
+        import torch
+
+        manifest = self._verify_sharded(path)
+        try:
+            with open(path / META, "rb") as f:
+                meta = torch.load(f, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise CheckpointError(f"{path / META}: checksum ok but torch.load failed: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{path / META}: expected a dict, found {type(meta).__name__}")
+        state = dict(meta.get("state", {}))
+        for key, kind in manifest["sharded"].items():
+            state[key] = ShardedState(path=path, key=key, kind=kind)
+        return {**meta, "state": state}
 
     def read(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read and verify one checkpoint file; raises :class:`CheckpointError` if damaged.
+
+        A sharded checkpoint (a directory) is verified whole; its sharded entries are returned
+        as :class:`ShardedState`, loaded by the caller.
 
         The checksum is computed over the file in chunks and the payload is then loaded from
         the file itself, so reading holds the loaded state and no copy of its bytes.
@@ -241,6 +419,8 @@ class CheckpointStore:
         import torch
 
         path = Path(path)
+        if path.is_dir():
+            return self._read_sharded(path)
         header_len = len(MAGIC) + _DIGEST_LEN + 1
         with open(path, "rb") as f:
             head = f.read(header_len)

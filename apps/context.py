@@ -38,7 +38,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from malleparsl.apps.checkpoint import CheckpointStore, layout_difference, state_layout
+from malleparsl.apps.checkpoint import (
+    CheckpointStore,
+    ShardedState,
+    layout_difference,
+    state_layout,
+)
 from malleparsl.apps.sharding import GlobalBatchSampler
 from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
@@ -291,6 +296,9 @@ class TrainContext:
         self._last_ckpt = time.monotonic()
         if self.ckpt is None:
             return None
+        sharded = {k: o for k, o in self._objects.items() if getattr(o, "sharded_checkpoint", False)}
+        if sharded:
+            return self._save_sharded(sharded)
         collective = [o for o in self._objects.values() if getattr(o, "collective_state", False)]
         for obj in collective:
             obj.consolidate()
@@ -304,6 +312,27 @@ class TrainContext:
             for obj in collective:
                 if callable(getattr(obj, "release", None)):
                     obj.release()
+
+    def _save_sharded(self, sharded: dict[str, Any]) -> Path | None:
+        """Every rank writes its own shards (see ``CheckpointStore.save_sharded``)."""
+        assert self.ckpt is not None
+        if self._saved_step == self.step:  # known on every rank: all ranks saved or restored it
+            return None
+        rest = {k: o for k, o in self._objects.items() if k not in sharded}
+        meta = None
+        if self.rank == 0:
+            meta = {
+                "format": 2, "step": self.step, "samples": self.samples, "job_id": self.job_id,
+                "layout": {k: state_layout(o) for k, o in self._objects.items()},
+                "state": {k: o.state_dict() for k, o in rest.items()},
+                "extra": self.extra, "history": self.history,
+            }
+        path = self.ckpt.save_sharded(
+            meta, {k: o.dcp_state() for k, o in sharded.items()},
+            {k: o.checkpoint_kind for k, o in sharded.items()},
+            step=self.step, rank=self.rank, world_size=self.world_size)
+        self._saved_step = self.step
+        return path
 
     def restore(self) -> bool:
         """Load the newest usable checkpoint into the registered objects; False if none.
@@ -323,7 +352,15 @@ class TrainContext:
             if missing:
                 raise CheckpointError(f"checkpoint at step {step} lacks state for {sorted(missing)}")
             for name, obj in self._objects.items():
-                obj.load_state_dict(payload["state"][name])
+                value = payload["state"][name]
+                if isinstance(value, ShardedState):  # FSDP2 loads its shard, others it whole
+                    if callable(getattr(obj, "load_dcp", None)) and getattr(
+                            obj, "sharded_checkpoint", False):
+                        obj.load_dcp(value)
+                    else:
+                        obj.load_state_dict(value.plain())
+                else:
+                    obj.load_state_dict(value)
             self.step, self.samples = int(payload["step"]), float(payload["samples"])
             self.extra.clear()
             self.extra.update(payload.get("extra", {}))

@@ -18,8 +18,11 @@ trajectory does not depend on the plan. Checkpoints are plan-independent: the mo
 ``state_dict`` is unchanged by checkpointing, and :class:`PlanOptimizer` always saves the plain
 optimizer's format (ZeRO's shards are consolidated on rank 0 first), which any plan loads at any
 size (ZeRO keeps its own partition of it). Under FSDP2 (``fsdp``) the model is registered as a
-:class:`ShardedModel`: its parameters are gathered into the plain ``state_dict`` on rank 0 the
-same way, and every rank loads a plain one by keeping its own shard of each tensor.
+:class:`ShardedModel` and both it and the optimizer are ``sharded_checkpoint``: every rank
+writes its own shards with ``torch.distributed.checkpoint`` (no rank gathers the whole state,
+see :meth:`~malleparsl.apps.checkpoint.CheckpointStore.save_sharded`) and loads its shard of a
+sharded checkpoint at any size; any other plan reads such a checkpoint whole into the plain
+format, and FSDP2 still loads a plain file (read whole, keeping each rank's shard).
 """
 
 from __future__ import annotations
@@ -168,17 +171,33 @@ def shard_model(model: nn.Module, blocks: Any, *, world_size: int, device: Any) 
 
 
 class ShardedModel:
-    """An FSDP2 model's checkpoint state in the plain format (full tensors, the same keys).
+    """An FSDP2 model's checkpoint state.
 
-    Like a ZeRO optimizer it has ``collective_state``: :meth:`consolidate` (every rank) gathers
-    the parameters one at a time and keeps them, on the CPU, on rank 0 only, whose
-    :meth:`state_dict` then returns them until :meth:`release` (``TrainContext.save`` calls it
-    once the checkpoint is written). Rank 0 must hold the whole model for that while (the
-    plain file holds it); the other ranks never hold more than one full tensor.
-    :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard.
+    Checkpoints are sharded (``sharded_checkpoint``): :meth:`dcp_state` is the model's state
+    dict of DTensor shards (no copy) and :meth:`load_dcp` fills it from a sharded checkpoint.
+    :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard
+    (a plain file, read whole). :meth:`consolidate` / :meth:`state_dict` give the plain format
+    (gathered one tensor at a time, kept on rank 0 only, until :meth:`release`).
     """
 
     collective_state = True
+    sharded_checkpoint = True
+    checkpoint_kind = "module"
+
+    def dcp_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_dcp(self, entry: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
+        sd = get_model_state_dict(self.model)
+        entry.load_into(sd)
+        set_model_state_dict(self.model, sd)
 
     def __init__(self, model: nn.Module, class_name: str) -> None:
         self.model = model
@@ -249,8 +268,10 @@ class PlanOptimizer:
     every rank first (``TrainContext.save`` does that for objects with ``collective_state``).
     """
 
+    checkpoint_kind = "optimizer"
+
     def __init__(self, params: Any, optimizer_class: type, *, zero: bool, fsdp: bool = False,
-                 **kwargs: Any) -> None:
+                 model: nn.Module | None = None, **kwargs: Any) -> None:
         import torch.distributed as dist
 
         params = list(params)
@@ -258,6 +279,8 @@ class PlanOptimizer:
         self.zero = bool(zero) and multi
         self.fsdp = bool(fsdp) and multi  # params are DTensor shards; so is the state
         self.collective_state = self.zero or self.fsdp
+        self.model = model  # the FSDP2 model, for its sharded checkpoints
+        self.sharded_checkpoint = self.fsdp and model is not None
         self._full: dict[str, Any] | None = None
         if self.zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -282,6 +305,22 @@ class PlanOptimizer:
 
     def register_step_post_hook(self, hook: Any) -> Any:
         return self.opt.register_step_post_hook(hook)
+
+    def dcp_state(self) -> dict[str, Any]:
+        """The state keyed by parameter names, of DTensor shards (FSDP2 only)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.opt)
+
+    def load_dcp(self, entry: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        sd = get_optimizer_state_dict(self.model, self.opt)
+        entry.load_into(sd)
+        set_optimizer_state_dict(self.model, self.opt, sd)
 
     def consolidate(self) -> None:
         """Collective: gather the sharded state on rank 0 (no-op when not sharded)."""
@@ -372,7 +411,7 @@ def prepare(
         state = ShardedModel(model, type(model).__qualname__)
         shard_model(model, blocks, world_size=ctx.world_size, device=ctx.device)
     opt = PlanOptimizer(model.parameters(), optimizer_class, zero=plan.zero, fsdp=fsdp,
-                        **optimizer_kwargs)
+                        model=model if fsdp else None, **optimizer_kwargs)
     ctx.register(model=state, optimizer=opt)
     if guard is not None:
         opt.register_step_post_hook(guard.after_step)

@@ -1,0 +1,123 @@
+"""Sharded (FSDP2, torch.distributed.checkpoint) checkpoints keep the store's guarantees.
+
+torch's reader loads a flipped byte in a ``.distcp`` file silently: the store must refuse it,
+naming the file, before loading anything. Two real gloo ranks in fresh processes write them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning, ShardedState
+from malleparsl.errors import CheckpointError
+
+pytestmark = pytest.mark.slow  # two fresh gloo ranks
+
+
+def _writer_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
+                       options={"plan": "fsdp", "deterministic": False})
+    ctx.group = True
+    try:
+        x, y = teacher_data(n=8, d_in=16)
+        model = BlockMLP(d_in=16, width=32, depth=2)
+        model, opt = prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        paths, firsts = [], []
+        for step in (1, 2):
+            opt.zero_grad()
+            loss_sum(model, (x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4])).backward()
+            opt.step()
+            ctx.step = step
+            ctx.extra["note"] = f"after {step}"
+            paths.append(str(ctx.save()))
+            firsts.append(next(iter(model.state_dict().values())).full_tensor().tolist())
+        return {"paths": paths, "firsts": firsts}
+    finally:
+        ctx.close()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    from malleparsl.apps.memory import run_fresh
+
+    d = tmp_path_factory.mktemp("sharded")
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_writer_rank, [((r, port, str(d)), {}) for r in range(2)], timeout_s=300)
+    assert [p.rsplit("/", 1)[1] for p in r0["paths"]] == ["ckpt-0000000001.dcp",
+                                                           "ckpt-0000000002.dcp"]
+    assert r1["paths"] == ["None", "None"]
+    return d, r0["firsts"]
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_sharded_checkpoint_is_listed_verified_and_read_whole(written, tmp_path) -> None:
+    d, firsts = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"))
+    assert [(c.step, c.path.suffix) for c in store.list()] == [(1, ".dcp"), (2, ".dcp")]
+    assert not any(p.name.startswith(".tmp") for p in store.directory.iterdir())
+    step, payload = store.load_latest()
+    assert step == 2 and payload["extra"] == {"note": "after 2"}
+    assert isinstance(payload["state"]["model"], ShardedState)
+    first = next(iter(payload["state"]["model"].plain().values()))
+    assert first.tolist() == firsts[1]
+    opt = payload["state"]["optimizer"].plain()
+    assert sorted(opt["state"]) == list(range(len(opt["state"])))  # the plain numbering
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_shard_is_refused_naming_the_file_and_the_older_one_used(
+        written, tmp_path, damage) -> None:
+    d, firsts = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"))
+    bad = store.sharded_path_for(2) / "__1_0.distcp"
+    size = bad.stat().st_size
+    with open(bad, "r+b") as f:
+        if damage == "flip":  # torch's reader alone loads this silently
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+        else:
+            f.truncate(size - 100)
+    with pytest.raises(CheckpointError, match="__1_0.distcp"):
+        store.read(store.sharded_path_for(2))
+    with pytest.warns(CorruptCheckpointWarning, match="ckpt-0000000002.dcp"):
+        step, payload = store.load_latest()
+    assert step == 1
+    assert next(iter(payload["state"]["model"].plain().values())).tolist() == firsts[0]
+
+
+def test_missing_manifest_is_refused(written, tmp_path) -> None:
+    d, _ = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"))
+    os.unlink(store.sharded_path_for(2) / "manifest.json")
+    with pytest.raises(CheckpointError, match="manifest"):
+        store.read(store.sharded_path_for(2))
+
+
+def test_plain_and_sharded_checkpoints_are_pruned_together(written, tmp_path) -> None:
+    d, _ = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"), keep=2)
+    store.save({"w": torch.ones(2)}, step=3)
+    assert [(c.step, c.path.suffix) for c in store.list()] == [(2, ".dcp"), (3, ".pt")]
+    assert not store.sharded_path_for(1).exists()
+    assert store.load_latest()[0] == 3

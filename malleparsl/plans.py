@@ -30,9 +30,11 @@ bytes per sample kept for the backward pass without/with checkpointing)::
     optimizer step peak   = persistent + t w P / (n if zero1 else 1)   (t: step temporaries)
     checkpoint peak       = persistent + [zero1] s w P (n - 1) / n   (the other ranks' shards,
                             gathered on rank 0 to write the plain file)
-                                       + [fsdp] (1 + s) w P + buffers + w U  (the whole plain
-                            state, and about one unit in flight; a restore reads the state
-                            whole on every rank, less the gradients)
+                                       + [fsdp] 1.5 w U   (every rank writes and reads its own
+                            shards with torch.distributed.checkpoint; measured, not
+                            root-caused. Not counted: restoring a *plain* file, written under
+                            another plan, reads it whole on every rank, + (1 + s) w P + buffers,
+                            once at the first FSDP2 segment after a replicated or ZeRO-1 one)
                             (a replicated plan's file streams from the live state: + 0)
 
     under fsdp: parameters, gradients, optimizer state and temporaries / n, no flat buffer,
@@ -80,6 +82,11 @@ gloo (measured 1.07-1.67 at 2-3 ranks; not root-caused). Accelerator profiles us
 
 FSDP_UNIT_COPIES = 4
 """Unsharded copies of one FSDP2 unit alive at its backward (see the module docstring)."""
+
+FSDP_CKPT_UNITS = 1.5
+"""What an FSDP2 rank holds beyond its live shards while writing or reading its sharded
+checkpoint, in units of the largest unit's parameters (measured 5.7-5.8 MB = 1.4 w U for
+BlockMLP 512x8 at 2 and 3 gloo ranks; not root-caused)."""
 
 
 class MemoryBudgetError(MalleparslError, RuntimeError):
@@ -218,10 +225,10 @@ def plan_memory(prof: MemoryProfile, plan: ExecPlan, *, n: int, global_batch: in
         comm = prof.zero_overhead * wp if plan.zero and n > 1 else 0.0  # ZERO_GLOO_OVERHEAD
         persistent = 2 * wp + opt + prof.buffers + comm
         fwd_bwd = persistent - (wp if mb >= local else 0.0) + act
-    # a checkpoint holds the plain state: gathered on rank 0 under a sharded plan (and read
-    # whole by every rank at a restore); a replicated plan's file streams from the live state
-    if plan.fsdp and n > 1:  # + one unit's parameters in flight: measured, not root-caused
-        ckpt = (1 + prof.opt_states) * wp + prof.buffers + comm / FSDP_UNIT_COPIES
+    # ZeRO-1's plain file gathers the other shards on rank 0; FSDP2 ranks write and read
+    # their own shards; a replicated plan's file streams from the live state
+    if plan.fsdp and n > 1:
+        ckpt = FSDP_CKPT_UNITS * comm / FSDP_UNIT_COPIES
     elif plan.zero and n > 1:
         ckpt = prof.opt_states * wp * (n - 1) / n
     else:

@@ -79,6 +79,25 @@ class CheckpointInfo:
     step: int
 
 
+def _disk_full_error(exc: BaseException) -> OSError | None:
+    """The disk-full ``OSError`` behind ``exc``: in its cause/context chain, or among the
+    per-rank failures a ``torch.distributed.checkpoint`` CheckpointException carries."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_FULL:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
+        todo.extend((e.__cause__, e.__context__))
+    return None
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -356,9 +375,18 @@ class CheckpointStore:
                 _remove(final)  # a stale one of this step (a failed run's) is replaced
                 os.replace(tmp, final)
                 _fsync_dir(self.directory)
-        except BaseException:
+        except BaseException as exc:
             if rank == 0:
                 _remove(tmp)
+            full = _disk_full_error(exc)
+            if full is not None:  # as the plain path: name it, keep the previous checkpoint
+                prev = [c.step for c in self.list() if c.path != final]
+                kept = f"step {prev[-1]}" if prev else "none: there was no earlier one"
+                raise CheckpointWriteError(
+                    f"disk full while writing the sharded checkpoint of step {step} to "
+                    f"{self.directory} ({full.strerror}); the previous checkpoint is kept "
+                    f"({kept}); free space there or give the job another ckpt_dir"
+                ) from exc
             raise
         dist.barrier()  # no rank returns before the directory is published
         if rank != 0:

@@ -121,3 +121,45 @@ def test_plain_and_sharded_checkpoints_are_pruned_together(written, tmp_path) ->
     assert [(c.step, c.path.suffix) for c in store.list()] == [(2, ".dcp"), (3, ".pt")]
     assert not store.sharded_path_for(1).exists()
     assert store.load_latest()[0] == 3
+
+
+def _disk_full_rank(port: int, ckpt_dir: str) -> dict:  # a fresh process: one gloo rank
+    import errno
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from malleparsl.errors import CheckpointWriteError
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        def full(*_a, **_k):  # what DCP raises when a rank's write hits a full disk
+            err = OSError(errno.ENOSPC, "No space left on device")
+            raise CheckpointException("write failed", {0: _wrap_exception(err)})
+
+        dcp.save = full
+        store = CheckpointStore(directory=ckpt_dir)
+        try:
+            store.save_sharded({"step": 3}, {"model": {"w": torch.zeros(4)}}, {"model": "model"},
+                               step=3, rank=0, world_size=1)
+        except CheckpointWriteError as exc:
+            return {"error": "CheckpointWriteError", "text": str(exc),
+                    "left": sorted(os.listdir(ckpt_dir))}
+        except BaseException as exc:  # noqa: BLE001
+            return {"error": type(exc).__name__, "text": str(exc), "left": []}
+        return {"error": None}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_disk_full_during_a_sharded_save_is_a_write_error(tmp_path) -> None:
+    """As for plain files: a full disk gives CheckpointWriteError naming the step and the
+    folder, and no temporary directory is left behind (DCP wraps the OSError per rank)."""
+    from malleparsl.apps.memory import run_fresh
+
+    (got,) = run_fresh(_disk_full_rank, [((random.randint(20000, 60000), str(tmp_path)), {})],
+                       timeout_s=120)
+    assert got["error"] == "CheckpointWriteError", got
+    assert "disk full" in got["text"] and "step 3" in got["text"] and str(tmp_path) in got["text"]
+    assert got["left"] == []

@@ -87,6 +87,16 @@ def test_fsdp_checkpoints_restore_under_dp_and_zero1_at_other_sizes_and_back(run
         assert want in ran
 
 
+def test_fsdp_sharded_checkpoint_restores_under_fsdp_at_another_size(runner, baseline) -> None:
+    """FSDP2 at 2 ranks -> FSDP2 at 3 ranks: the 3 ranks load their shards of the 2-rank DCP
+    checkpoint (resharded by torch.distributed.checkpoint, Adam's moments and step counts
+    included), and back to 2; the trajectory is plain DP's."""
+    hist = _run(runner, [(2, 8, "fsdp"), (3, 16, "fsdp"), (2, None, "fsdp")],
+                job_id="plans-fsdp-2-3-2")
+    _close(hist, baseline)
+    assert [h["world_size"] for h in hist][0] == 2 and 3 in {h["world_size"] for h in hist}
+
+
 def test_fsdp_checkpoint_is_the_plain_model_and_optimizer(runner) -> None:
     """A sharded checkpoint written by 3 FSDP2 ranks reads as full tensors under the plain
     names."""

@@ -401,20 +401,30 @@ class CheckpointStore:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({exc})") from exc
-        if manifest.get("format") != _DCP_FORMAT:
+        if not isinstance(manifest, dict) or manifest.get("format") != _DCP_FORMAT:
             raise CheckpointError(f"{path / MANIFEST}: not a malleparsl sharded checkpoint")
-        for name, rec in sorted(manifest["files"].items()):
+        try:  # it has no checksum of its own: a flipped byte in a name must not be a KeyError
+            files = {str(n): (str(r["sha256"]), int(r["bytes"]))
+                     for n, r in manifest["files"].items()}
+            kinds = manifest["sharded"]
+            bad = {k: v for k, v in kinds.items() if v not in ("module", "optimizer")}
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise CheckpointError(f"{path / MANIFEST}: malformed manifest ({exc!r})") from exc
+        if bad or META not in files:
+            raise CheckpointError(f"{path / MANIFEST}: malformed manifest (kinds {bad}, "
+                                  f"{META} listed: {META in files})")
+        for name, (digest, nbytes) in sorted(files.items()):
             f = path / name
             if not f.is_file():
                 raise CheckpointError(f"{f}: missing from the sharded checkpoint")
             size = f.stat().st_size
-            if size != rec["bytes"]:
-                raise CheckpointError(f"{f}: {size} bytes, the manifest says {rec['bytes']}; "
+            if size != nbytes:
+                raise CheckpointError(f"{f}: {size} bytes, the manifest says {nbytes}; "
                                       "the file is truncated or corrupt")
             actual = _sha256_file(f)
-            if actual != rec["sha256"]:
+            if actual != digest:
                 raise CheckpointError(
-                    f"{f}: checksum mismatch (stored {rec['sha256'][:12]}..., computed "
+                    f"{f}: checksum mismatch (stored {digest[:12]}..., computed "
                     f"{actual[:12]}...); the file is corrupt"
                 )
         return manifest

@@ -114,6 +114,27 @@ def test_missing_manifest_is_refused(written, tmp_path) -> None:
         store.read(store.sharded_path_for(2))
 
 
+@pytest.mark.parametrize("field,to", [("files", "fkles"), ("sha256", "sha25v"),
+                                      ("sharded", "sharled"), ("optimizer", "optimizes")])
+def test_a_bit_flip_in_a_manifest_name_is_refused_and_the_older_one_used(
+        written, tmp_path, field, to) -> None:
+    """manifest.json has no checksum of its own: a flipped byte in one of its names keeps it
+    valid JSON, and was a KeyError out of load_latest (the job failed instead of resuming from
+    the older checkpoint) or, in a kind, a state handed over in the wrong format."""
+    d, firsts = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"))
+    man = store.sharded_path_for(2) / "manifest.json"
+    text = man.read_text()
+    assert f'"{field}"' in text
+    man.write_text(text.replace(f'"{field}"', f'"{to}"'))
+    with pytest.raises(CheckpointError, match="manifest"):
+        store.read(store.sharded_path_for(2))
+    with pytest.warns(CorruptCheckpointWarning, match="ckpt-0000000002.dcp"):
+        step, payload = store.load_latest()
+    assert step == 1
+    assert next(iter(payload["state"]["model"].plain().values())).tolist() == firsts[0]
+
+
 def test_plain_and_sharded_checkpoints_are_pruned_together(written, tmp_path) -> None:
     d, _ = written
     store = CheckpointStore(directory=_copy(d, tmp_path / "c"), keep=2)

@@ -260,8 +260,12 @@ class CheckpointStore:
         for p in self.directory.iterdir():
             m = _NAME.match(p.name)
             if m:
-                out.append(CheckpointInfo(path=p, step=int(m.group(1))))
-        return sorted(out, key=lambda c: c.step)
+                try:  # a plain file and a directory of one step: the newer counts as newer
+                    mtime = p.stat().st_mtime_ns
+                except FileNotFoundError:  # pruned meanwhile by another writer
+                    continue
+                out.append((int(m.group(1)), mtime, CheckpointInfo(path=p, step=int(m.group(1)))))
+        return [c for _, _, c in sorted(out, key=lambda t: t[:2])]
 
     def save(self, state: dict[str, Any], *, step: int) -> Path:
         """Write ``state`` as the checkpoint after ``step``; returns its path once durable.

@@ -144,6 +144,25 @@ def test_plain_and_sharded_checkpoints_are_pruned_together(written, tmp_path) ->
     assert store.load_latest()[0] == 3
 
 
+@pytest.mark.parametrize("newer", [".pt", ".dcp"])
+def test_a_plain_and_a_sharded_checkpoint_of_one_step_resume_from_the_newer(
+        written, tmp_path, newer) -> None:
+    """Both exist after a crash between a save's publish and its prune; prune keeps the new
+    one, so resuming must pick it too, not whichever the directory listing gives first."""
+    d, _ = written
+    store = CheckpointStore(directory=_copy(d, tmp_path / "c"))
+    pt = store.path_for(2)
+    store.save({"w": torch.ones(2)}, step=3)  # a plain file, then made step 2's by hand
+    os.replace(store.path_for(3), pt)
+    dcp = store.sharded_path_for(2)
+    old, new = (dcp, pt) if newer == ".pt" else (pt, dcp)
+    os.utime(old, ns=(1_000_000_000, 1_000_000_000))
+    os.utime(new, ns=(2_000_000_000, 2_000_000_000))
+    step, payload = store.load_latest()
+    assert step == 2
+    assert ("w" in payload) == (newer == ".pt")
+
+
 def _disk_full_rank(port: int, ckpt_dir: str) -> dict:  # a fresh process: one gloo rank
     import errno
 

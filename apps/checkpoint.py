@@ -359,26 +359,41 @@ class CheckpointStore:
                     for p in tmp.iterdir() if p.name.startswith(f"__{rank}_")}
             every: list[Any] = [None] * world_size
             dist.all_gather_object(every, mine)
-            if rank == 0:
-                with open(tmp / META, "wb") as f:
-                    torch.save(meta, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                files = {k: v for d in every for k, v in d.items()}
-                for p in tmp.iterdir():  # rank 0's share: DCP's metadata and meta.pt
-                    if not re.match(r"^__\d+_", p.name):
-                        files[p.name] = (_sha256_file(p), p.stat().st_size)
-                manifest = {"format": _DCP_FORMAT, "step": step, "world_size": world_size,
-                            "sharded": kinds,
-                            "files": {k: {"sha256": h, "bytes": b} for k, (h, b) in files.items()}}
-                with open(tmp / MANIFEST, "w") as f:
-                    json.dump(manifest, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fsync_dir(tmp)
-                _remove(final)  # a stale one of this step (a failed run's) is replaced
-                os.replace(tmp, final)
-                _fsync_dir(self.directory)
+            failed: BaseException | None = None
+            if rank == 0:  # publish; the other ranks learn the outcome, not a timeout
+                try:
+                    with open(tmp / META, "wb") as f:
+                        torch.save(meta, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    files = {k: v for d in every for k, v in d.items()}
+                    for p in tmp.iterdir():  # rank 0's share: DCP's metadata and meta.pt
+                        if not re.match(r"^__\d+_", p.name):
+                            files[p.name] = (_sha256_file(p), p.stat().st_size)
+                    manifest = {"format": _DCP_FORMAT, "step": step, "world_size": world_size,
+                                "sharded": kinds,
+                                "files": {k: {"sha256": h, "bytes": b} for k, (h, b) in files.items()}}
+                    with open(tmp / MANIFEST, "w") as f:
+                        json.dump(manifest, f, indent=1, sort_keys=True)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    _fsync_dir(tmp)
+                    _remove(final)  # a stale one of this step (a failed run's) is replaced
+                    os.replace(tmp, final)
+                    _fsync_dir(self.directory)
+                except BaseException as exc:
+                    failed = exc
+            status: list[Any] = [None if failed is None else
+                                 (f"{type(failed).__name__}: {failed}",
+                                  _disk_full_error(failed) is not None)]
+            dist.broadcast_object_list(status, src=0)
+            if failed is not None:
+                raise failed
+            if status[0] is not None:
+                text, full_disk = status[0]
+                cls = CheckpointWriteError if full_disk else CheckpointError
+                raise cls(f"rank 0 failed to publish the sharded checkpoint of step {step} "
+                          f"to {self.directory}: {text}")
         except BaseException as exc:
             if rank == 0:
                 _remove(tmp)
@@ -392,8 +407,7 @@ class CheckpointStore:
                     f"({kept}); free space there or give the job another ckpt_dir"
                 ) from exc
             raise
-        dist.barrier()  # no rank returns before the directory is published
-        if rank != 0:
+        if rank != 0:  # the broadcast above: no rank returns before the directory is published
             return None
         log.debug("sharded checkpoint step %d written to %s", step, final)
         self._prune(written=final)

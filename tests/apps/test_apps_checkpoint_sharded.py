@@ -203,3 +203,48 @@ def test_disk_full_during_a_sharded_save_is_a_write_error(tmp_path) -> None:
     assert got["error"] == "CheckpointWriteError", got
     assert "disk full" in got["text"] and "step 3" in got["text"] and str(tmp_path) in got["text"]
     assert got["left"] == []
+
+
+def _publish_fails_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process
+    import errno
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import malleparsl.apps.checkpoint as ck
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=20))
+    try:
+        if rank == 0:  # the disk fills while rank 0 writes the manifest, after DCP's save
+            def full(*_a, **_k):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            ck.json.dump = full
+        store = CheckpointStore(directory=ckpt_dir)
+        t0 = time.monotonic()
+        try:
+            store.save_sharded({"step": 3} if rank == 0 else None,
+                               {"model": {"w": torch.full((4,), float(rank))}},
+                               {"model": "module"}, step=3, rank=rank, world_size=2)
+        except BaseException as exc:  # noqa: BLE001
+            return {"error": type(exc).__name__, "text": str(exc),
+                    "s": time.monotonic() - t0, "left": sorted(os.listdir(ckpt_dir))}
+        return {"error": None, "s": time.monotonic() - t0}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_0_failing_to_publish_fails_every_rank_at_once(tmp_path) -> None:
+    """Rank 0 writes the manifest and publishes after the collective save: when that fails,
+    the other ranks used to wait in the closing barrier for the group timeout and then fail
+    with a timeout that does not say why; now they get rank 0's error at once."""
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_publish_fails_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
+                       timeout_s=120)
+    assert r0["error"] == "CheckpointWriteError", r0
+    assert r1["error"] == "CheckpointWriteError" and "step 3" in r1["text"], r1
+    assert r1["s"] < 10, r1  # not the 20 s group timeout
+    assert r0["left"] == [], r0  # no temporary directory, nothing published

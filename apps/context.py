@@ -345,6 +345,9 @@ class TrainContext:
         t0 = time.monotonic()
         self._check_folder_reuse()
         found = self.ckpt.load_latest() if self.ckpt is not None else None
+        # before any load: a sharded load and the broadcasts below are collectives, which
+        # ranks that found different checkpoints would enter mismatched (a hang, a timeout)
+        self._check_same_step(found[0] if found is not None else -1)
         if found is not None:
             step, payload = found
             self._check_fits(step, payload)
@@ -375,14 +378,16 @@ class TrainContext:
                         self.broadcast(t.data)
         return found is not None
 
-    def _check_same_step(self) -> None:
+    def _check_same_step(self, step: int | None = None) -> None:
         import torch
 
-        t = torch.tensor([self.step, -self.step], dtype=torch.float64)
+        step = self.step if step is None else step
+        t = torch.tensor([step, -step], dtype=torch.float64)
         self.all_reduce_max(t)
         if t[0] != -t[1]:
             raise CheckpointError(
-                f"ranks resumed at different steps (max {int(t[0])}, min {int(-t[1])}); "
+                f"ranks resumed at different steps (max {int(t[0])}, min {int(-t[1])}; -1: none "
+                "found); "
                 "is the checkpoint directory shared by all nodes?"
             )
 

@@ -248,3 +248,45 @@ def test_rank_0_failing_to_publish_fails_every_rank_at_once(tmp_path) -> None:
     assert r1["error"] == "CheckpointWriteError" and "step 3" in r1["text"], r1
     assert r1["s"] < 10, r1  # not the 20 s group timeout
     assert r0["left"] == [], r0  # no temporary directory, nothing published
+
+
+def _diverging_reader_rank(rank: int, port: int, dirs: list) -> dict:  # a fresh process
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.apps.examples_plans import BlockMLP
+    from malleparsl.apps.plans import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=20))
+    ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=dirs[rank],
+                       options={"plan": "fsdp", "deterministic": False, "resume": True})
+    ctx.group = True
+    try:
+        model = BlockMLP(d_in=16, width=32, depth=2)
+        prepare(ctx, model, torch.optim.Adam, blocks=model.blocks, lr=1e-3)
+        try:
+            ctx.restore()
+        except BaseException as exc:  # noqa: BLE001
+            return {"error": type(exc).__name__, "text": str(exc)}
+        return {"error": None}
+    finally:
+        ctx.close()
+
+
+def test_ranks_that_find_different_checkpoints_refuse_before_loading(written, tmp_path) -> None:
+    """Rank 1 sees no checkpoint (a folder not shared, or a listing not yet visible) while
+    rank 0 finds step 2: rank 0's collective DCP load then met rank 1's broadcasts, mismatched
+    collectives. The step check must come before any load, so both refuse with a clear error."""
+    from malleparsl.apps.memory import run_fresh
+
+    d, _ = written
+    dirs = [str(_copy(d, tmp_path / "r0")), str(tmp_path / "r1")]
+    port = random.randint(20000, 60000)
+    r0, r1 = run_fresh(_diverging_reader_rank, [((r, port, dirs), {}) for r in range(2)],
+                       timeout_s=120)
+    for r in (r0, r1):
+        assert r["error"] == "CheckpointError" and "different steps" in r["text"], (r0, r1)

@@ -370,7 +370,6 @@ class TrainContext:
             self.history[:] = payload.get("history", [])
             self._saved_step = self.step
         self.ckpt_load_s = time.monotonic() - t0
-        self._check_same_step()
         if found is None:
             for obj in self._objects.values():
                 if hasattr(obj, "parameters") and hasattr(obj, "buffers"):
@@ -378,10 +377,10 @@ class TrainContext:
                         self.broadcast(t.data)
         return found is not None
 
-    def _check_same_step(self, step: int | None = None) -> None:
+    def _check_same_step(self, step: int) -> None:
+        """Collective: every rank found the checkpoint of ``step`` (-1: none)."""
         import torch
 
-        step = self.step if step is None else step
         t = torch.tensor([step, -step], dtype=torch.float64)
         self.all_reduce_max(t)
         if t[0] != -t[1]:

@@ -25,7 +25,7 @@ from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView
 from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes, check_inputs, job_values
 from malleparsl.allocator.placement import fallback_counts, node_horizons, place
-from malleparsl.errors import SpecError
+from malleparsl.allocator.ties import TieShuffle
 from malleparsl.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -37,25 +37,6 @@ __all__ = [
     "equal_share_counts",
     "greedy_counts",
 ]
-
-
-class TieShuffle:
-    """``tie_seed`` of a policy: ``None`` keeps the jobs in the order given (today's answers);
-    an integer takes them in a fresh random order at every decision (one generator, seeded
-    once), so that among answers of equal value a different one may be taken. For measuring
-    how much a replay moves with tie-breaking alone (docs/allocator.md), not for production.
-    """
-
-    def __init__(self, tie_seed: int | None) -> None:
-        if tie_seed is not None and (isinstance(tie_seed, bool) or not isinstance(tie_seed, int)):
-            raise SpecError(f"tie_seed must be an integer or None, got {tie_seed!r}")
-        self.tie_seed = tie_seed
-        self._rng = None if tie_seed is None else np.random.default_rng(tie_seed)
-
-    def __call__(self, jobs: Sequence[JobView]) -> Sequence[JobView]:
-        if self._rng is None:
-            return jobs
-        return [jobs[int(i)] for i in self._rng.permutation(len(jobs))]
 
 
 def _fcfs(jobs: Sequence[JobView]) -> list[int]:

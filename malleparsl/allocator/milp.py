@@ -53,6 +53,7 @@ from malleparsl.allocator.objective import check_inputs
 from malleparsl.allocator.placement import fallback_counts, longest_first, node_horizons, place
 from malleparsl.allocator.reduction import Reduction, net_use, reduce_options
 from malleparsl.allocator.solvers import SolveResult, check_solver_options, solve
+from malleparsl.allocator.ties import TieShuffle
 from malleparsl.errors import SpecError
 from malleparsl.model import Allocation
 
@@ -214,8 +215,7 @@ class MilpPolicy(AllocationPolicy):
         self.dp = dp
         self.costs = costs_named(costs)
         self.value = value
-        if tie_seed is not None and (isinstance(tie_seed, bool) or not isinstance(tie_seed, int)):
-            raise SpecError(f"tie_seed must be an integer or None, got {tie_seed!r}")
+        self._ties = TieShuffle(tie_seed)  # refuses a non-integer seed
         self.tie_seed = tie_seed
         if learn_hold is True:
             learn_hold = "mean"
@@ -263,7 +263,6 @@ class MilpPolicy(AllocationPolicy):
                 f"{', '.join(given)} value grows over the nodes' horizons: use them with "
                 f"horizon=True (policy milp-horizon), got {given}"
             )
-        self._tie_rng = None if tie_seed is None else np.random.default_rng(tie_seed)
         self.last_result: SolveResult | None = None
         self.last_fallback = False
         self.last_stats: dict[str, object] = {}
@@ -291,8 +290,7 @@ class MilpPolicy(AllocationPolicy):
             horizons = {n: min(h, wait) for n, h in horizons.items()}
         if not jobs or not snapshot.nodes:
             return Allocation.empty()
-        if self._tie_rng is not None:
-            jobs = [jobs[int(i)] for i in self._tie_rng.permutation(len(jobs))]
+        jobs = self._ties(jobs)
         weights = work_weights(jobs, len(snapshot.nodes)) if self.value == "work" else None
         table = full = build_options(
             snapshot,

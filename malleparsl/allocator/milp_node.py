@@ -36,6 +36,7 @@ from malleparsl.allocator.objective import (
 )
 from malleparsl.allocator.placement import node_horizons, place
 from malleparsl.allocator.solvers import SolveResult, check_solver_options, solve
+from malleparsl.allocator.ties import TieShuffle
 from malleparsl.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class MilpNodePolicy(AllocationPolicy):
     tie_seed
         ``None`` (default): the jobs in the order given. An integer: in a fresh seeded random
         order at every decision (model and fallback), so the solver may return another
-        optimum of equal value (:class:`~malleparsl.allocator.heuristics.TieShuffle`).
+        optimum of equal value (:class:`~malleparsl.allocator.ties.TieShuffle`).
     """
 
     def __init__(
@@ -82,8 +83,6 @@ class MilpNodePolicy(AllocationPolicy):
         threads: int | None = 1,
         tie_seed: int | None = None,
     ) -> None:
-        from malleparsl.allocator.heuristics import TieShuffle
-
         check_solver_options(solver, time_limit_s, mip_gap)
         self._ties = TieShuffle(tie_seed)
         self.solver = solver

@@ -298,6 +298,13 @@ class PlanOptions:
         """Bytes one rank may use: its accelerator's memory (``rank_memory_bytes``)."""
         return None if self.budget is None else self.budget / self.ranks_per_node
 
+    def budget_text(self) -> str:
+        """The budget in words for error messages: per node, and per rank when they differ."""
+        node = f"{(self.budget or 0.0) / 2**20:.1f} MiB per node"
+        if self.ranks_per_node == 1 or self.budget is None:
+            return node
+        return f"{node} ({self.rank_budget / 2**20:.1f} MiB a rank)"
+
     def ranks(self, nodes: int) -> int:
         return nodes * self.ranks_per_node
 
@@ -402,9 +409,8 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
     n = got.min_nodes(max_nodes)
     if n is None:
         _, least = got.leanest_need(max_nodes)  # raises when no plan runs there at all
-        budget = got.budget or 0.0
         raise MemoryBudgetError(
-            f"no plan among {list(got.bases)} fits {budget / 2**20:.1f} MiB per node even at "
+            f"no plan among {list(got.bases)} fits {got.budget_text()} even at "
             f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
             f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
             "(plans=[...]) or run on nodes with more memory"

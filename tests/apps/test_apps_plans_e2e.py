@@ -2,7 +2,9 @@
 curve and the driver runs the plan the profiler names for each size. A job whose plain
 data-parallel step does not fit one node's memory budget starts at 1 node with gradient
 accumulation, moves to plain data parallelism when it grows to 3 nodes, and back to the lean
-plan when it shrinks to 1; the loss trajectory equals an unswitched run.
+plan when it shrinks to 1; the loss trajectory equals an unswitched run. The same with two
+ranks per node and a per-accelerator budget, where only ZeRO-1 over the node's two ranks fits
+one node.
 """
 
 from __future__ import annotations

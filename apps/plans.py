@@ -40,6 +40,7 @@ from malleparsl.plans import (
     ExecPlan,
     MemoryBudgetError,
     MemoryProfile,
+    node_budget,
     plan_memory,
 )
 
@@ -376,7 +377,8 @@ def prepare(
     """Apply ``ctx.plan`` to ``model``, build its optimizer, register both for checkpoints.
 
     ``blocks``: the modules to checkpoint under a ``ckpt`` plan (e.g. a transformer's layers);
-    required for those plans. With the option ``node_memory_bytes`` (the node's budget), and
+    required for those plans. With a budget (option ``rank_memory_bytes``, one accelerator's
+    memory, or ``node_memory_bytes``, the node's: :func:`~malleparsl.plans.node_budget`), and
     ``profile`` and ``global_batch``, the plan's predicted peak is checked against the budget
     before training (the node's ranks together: ``ctx.local_world_size`` peaks); always with
     a budget, the measured growth of this process's memory after each of the first steps
@@ -388,8 +390,8 @@ def prepare(
             f"plan {plan.name!r} checkpoints activations: pass blocks=... (the model's "
             "repeated layers) to prepare()"
         )
-    budget = ctx.options.get("node_memory_bytes")
     per_node = max(1, int(getattr(ctx, "local_world_size", 1) or 1))  # ranks sharing the node
+    budget = node_budget(ctx.options, ranks_per_node=per_node)
     guard = MemoryGuard(budget, ranks=per_node) if budget else None
     if budget and profile is not None and global_batch:
         need = per_node * plan_memory(profile, plan, n=ctx.world_size,
@@ -444,8 +446,9 @@ class MemoryGuard:
             share = "" if self.ranks == 1 else f"its 1/{self.ranks} share of "
             raise MemoryBudgetError(
                 f"this rank's memory grew by {used / 2**20:.1f} MiB, over {share}the node budget "
-                f"of {self.budget / 2**20:.1f} MiB (node_memory_bytes); run a leaner plan "
-                "(ckpt, zero1, smaller micro-batches) or more nodes"
+                f"of {self.budget / 2**20:.1f} MiB (node_memory_bytes, or ranks_per_node x "
+                "rank_memory_bytes); run a leaner plan (ckpt, zero1, smaller micro-batches) or "
+                "more nodes"
             )
 
 

@@ -275,7 +275,8 @@ class PlanOptions:
 
     Sizes here are *nodes*: ``ranks_per_node`` ranks share one node's ``budget`` (bytes; None:
     no limit), so ``n`` nodes run ``n * ranks_per_node`` ranks and a plan fits when that many
-    ranks' peaks fit the node: ``ranks_per_node * peak(n * ranks_per_node) <= budget``.
+    ranks' peaks fit the node: ``ranks_per_node * peak(n * ranks_per_node) <= budget``, i.e.
+    each rank's peak fits :attr:`rank_budget` (every rank's peak is the same).
     """
 
     profile: MemoryProfile
@@ -291,6 +292,18 @@ class PlanOptions:
         for b in self.bases:
             if b not in FAMILIES:
                 raise unknown_name("plan family", b, FAMILIES)
+
+    @property
+    def rank_budget(self) -> float | None:
+        """Bytes one rank may use: its accelerator's memory (``rank_memory_bytes``)."""
+        return None if self.budget is None else self.budget / self.ranks_per_node
+
+    def budget_text(self) -> str:
+        """The budget in words for error messages: per node, and per rank when they differ."""
+        node = f"{(self.budget or 0.0) / 2**20:.1f} MiB per node"
+        if self.ranks_per_node == 1 or self.budget is None:
+            return node
+        return f"{node} ({self.rank_budget / 2**20:.1f} MiB a rank)"
 
     def ranks(self, nodes: int) -> int:
         return nodes * self.ranks_per_node
@@ -329,13 +342,48 @@ class PlanOptions:
         return best, self.node_peak(best, nodes)
 
 
+def _budget_value(options: Mapping[str, Any], key: str) -> float | None:
+    v = options.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise SpecError(f"{key} must be a number of bytes > 0, got {v!r}; e.g. {key}=40 * 2**30")
+    return float(v)
+
+
+def node_budget(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> float | None:
+    """A node's memory budget in bytes from a job's options (None: no limit).
+
+    ``rank_memory_bytes`` is the memory of one rank's accelerator (at a facility
+    ``accelerator_memory_bytes(site)``): a node runs ``ranks_per_node`` ranks, one per
+    accelerator, so its budget is ``ranks_per_node`` times that. ``node_memory_bytes`` is the
+    whole node's (an emulated node's). Both may be given only if they agree; each rank's peak
+    must then fit ``node_budget / ranks_per_node``.
+    """
+    node = _budget_value(options, "node_memory_bytes")
+    rank = _budget_value(options, "rank_memory_bytes")
+    if rank is None:
+        return node
+    from_rank = ranks_per_node * rank
+    if node is not None and abs(node - from_rank) > 1e-9 * max(node, from_rank):
+        raise SpecError(
+            f"node_memory_bytes={node:.0f} ({node / 2**20:.1f} MiB) and rank_memory_bytes="
+            f"{rank:.0f} ({rank / 2**20:.1f} MiB) disagree: with ranks_per_node={ranks_per_node} "
+            f"the node budget is ranks_per_node x rank_memory_bytes = {from_rank / 2**20:.1f} "
+            "MiB; give only one (rank_memory_bytes: one accelerator's memory)"
+        )
+    return from_rank
+
+
 def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> PlanOptions | None:
     """The job's :class:`PlanOptions` when it asks for automatic plans, else None.
 
     A job opts in with the malleable options ``memory_profile`` (a :class:`MemoryProfile` or
-    its dict) and ``global_batch``; ``node_memory_bytes`` is the node budget (None: no limit);
-    ``plans`` lists the allowed families (default all; ``["dp"]`` is data-parallel only). A
-    fixed ``plan`` option other than ``"auto"`` turns automatic choice off.
+    its dict) and ``global_batch``; the budget is ``rank_memory_bytes`` (one accelerator's
+    memory, per rank) or ``node_memory_bytes`` (the whole node's), see :func:`node_budget`
+    (neither: no limit); ``plans`` lists the allowed families (default all; ``["dp"]`` is
+    data-parallel only). A fixed ``plan`` option other than ``"auto"`` turns automatic choice
+    off.
     """
     prof = options.get("memory_profile")
     if prof is None or options.get("plan") not in (None, "auto"):
@@ -346,8 +394,8 @@ def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> Plan
     if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
         raise SpecError(f"memory_profile needs global_batch (an integer >= 1), got {gb!r}")
     bases = tuple(options.get("plans") or FAMILIES)
-    budget = options.get("node_memory_bytes")
-    return PlanOptions(prof, gb, float(budget) if budget else None, bases, ranks_per_node)
+    budget = node_budget(options, ranks_per_node=ranks_per_node)
+    return PlanOptions(prof, gb, budget, bases, ranks_per_node)
 
 
 def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: int, max_nodes: int,
@@ -361,9 +409,8 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
     n = got.min_nodes(max_nodes)
     if n is None:
         _, least = got.leanest_need(max_nodes)  # raises when no plan runs there at all
-        budget = got.budget or 0.0
         raise MemoryBudgetError(
-            f"no plan among {list(got.bases)} fits {budget / 2**20:.1f} MiB per node even at "
+            f"no plan among {list(got.bases)} fits {got.budget_text()} even at "
             f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
             f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
             "(plans=[...]) or run on nodes with more memory"

@@ -1,11 +1,16 @@
 """Memory of one accelerator per facility: the budget a rank's execution plan must fit.
 
-Pass it as the malleable option ``node_memory_bytes`` (one rank per accelerator) so the driver
-picks plans that fit (see docs/plans.md). Locally, give the emulated node's budget yourself.
+Pass it as the malleable option ``rank_memory_bytes`` so the driver picks plans that fit (see
+docs/plans.md): a node runs one rank per accelerator (``ranks_per_node``, e.g. Polaris' four
+A100s), so its budget is ``ranks_per_node x rank_memory_bytes`` and every rank's predicted peak
+must fit its own accelerator. Not as ``node_memory_bytes``, which is the whole node's budget
+and would give each of the four ranks a quarter of one A100. Locally, give the emulated node's
+budget yourself (``node_memory_bytes``, or ``rank_memory_bytes`` with ``ranks_per_node``).
 
 >>> from malleparsl.site_configs.accelerators import accelerator_memory_bytes
 >>> accelerator_memory_bytes("polaris") // 2**30
 40
+>>> opts = {"rank_memory_bytes": accelerator_memory_bytes("polaris")}  # malleable options
 """
 
 from __future__ import annotations

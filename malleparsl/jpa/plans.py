@@ -326,9 +326,8 @@ class JobPlans:
         got = best_feasible(self.model, self.opts, nodes)
         if got is None:
             plan, need = self.opts.leanest_need(nodes)
-            budget = self.opts.budget or 0.0
             raise MemoryBudgetError(
-                f"no execution plan fits {budget / 2**20:.1f} MiB per node at {nodes} node(s) "
+                f"no execution plan fits {self.opts.budget_text()} at {nodes} node(s) "
                 f"of {self.opts.ranks_per_node} rank(s): the leanest, {plan.name}, needs "
                 f"{need / 2**20:.1f} MiB; give the job more nodes (min_nodes) or more memory"
             )

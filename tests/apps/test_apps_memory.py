@@ -61,6 +61,11 @@ def test_ranks_on_one_node_share_its_budget_before_training() -> None:
     with pytest.raises(MemoryBudgetError, match=r"per node at 1 node\(s\) of 2 rank\(s\)"):
         prepare(ctx, BlockMLP(), torch.optim.Adam, blocks=[], profile=prof, global_batch=64)
     ctx.close()
+    # the same memory given per rank (one accelerator each): the node has twice as much
+    ctx = TrainContext.local(plan="dp", rank_memory_bytes=1.5 * peak)
+    ctx.local_world_size = 2
+    prepare(ctx, BlockMLP(), torch.optim.Adam, blocks=[], profile=prof, global_batch=64)
+    ctx.close()
 
 
 def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
@@ -74,6 +79,28 @@ def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
     x, y = teacher_data(n=4096, d_in=32)
     model, opt = prepare(ctx, BlockMLP(width=512, depth=4), torch.optim.Adam, blocks=None)
     with pytest.raises(MemoryBudgetError, match="over the node budget of 2.0 MiB"):
+        for step in ctx.steps(3, global_batch=4096, dataset_size=len(x)):
+            opt.zero_grad()
+            for idx in step.micro_batches():
+                step.backward(loss_sum(model, (x[idx], y[idx])))
+            step.sync(model)
+            opt.step()
+    ctx.close()
+
+
+def test_each_rank_may_grow_by_its_accelerators_memory() -> None:
+    """``rank_memory_bytes``: the guard lets each rank grow by exactly that (its share of a
+    node of ``local_world_size`` accelerators), here 2 MiB of a 4 MiB node."""
+    import torch
+
+    from malleparsl.apps.examples_plans import loss_sum, teacher_data
+    from malleparsl.apps.plans import prepare
+
+    ctx = TrainContext.local(plan="dp", rank_memory_bytes=2 * MIB)
+    ctx.local_world_size = 2
+    x, y = teacher_data(n=4096, d_in=32)
+    model, opt = prepare(ctx, BlockMLP(width=512, depth=4), torch.optim.Adam, blocks=None)
+    with pytest.raises(MemoryBudgetError, match="over its 1/2 share of the node budget of 4.0 MiB"):
         for step in ctx.steps(3, global_batch=4096, dataset_size=len(x)):
             opt.zero_grad()
             for idx in step.micro_batches():

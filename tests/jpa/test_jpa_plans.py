@@ -10,6 +10,7 @@ import pytest
 from malleparsl.allocator import make_policy
 from malleparsl.allocator.base import AllocationPolicy
 from malleparsl.controller import Controller
+from malleparsl.errors import SpecError
 from malleparsl.executors.planning import LinearPlaceholderAdvisor, spec_from_options
 from malleparsl.jpa.plans import (
     JobPlans,
@@ -24,8 +25,10 @@ from malleparsl.plans import (
     MemoryProfile,
     PlanOptions,
     min_nodes_for,
+    node_budget,
     parse_plan,
     plan_memory,
+    plan_options,
 )
 
 PROF = MemoryProfile(params=10_000_000, act_per_sample=2e6, act_ckpt_per_sample=2e5)
@@ -95,6 +98,35 @@ def test_ranks_on_one_node_share_its_budget() -> None:
                               "global_batch": 64, "node_memory_bytes": 320 * MIB},
                              ranks_per_node=2)
     assert spec.meta["plan_options"].ranks_per_node == 2 and spec.min_nodes == 1
+
+
+def test_rank_memory_is_one_accelerators_and_the_node_holds_one_per_rank() -> None:
+    """``rank_memory_bytes`` (what a facility's accelerator has) times the ranks per node is
+    the node budget; a node budget that says otherwise is refused, naming both."""
+    opts = {"job_id": "r", "max_nodes": 4, "memory_profile": PROF.as_dict(), "global_batch": 64}
+    per_rank = plan_options({**opts, "rank_memory_bytes": 160 * MIB}, ranks_per_node=2)
+    assert (per_rank.budget, per_rank.rank_budget) == (320 * MIB, 160 * MIB)
+    assert per_rank == plan_options({**opts, "node_memory_bytes": 320 * MIB}, ranks_per_node=2)
+    both = {**opts, "node_memory_bytes": 320 * MIB, "rank_memory_bytes": 160 * MIB}
+    assert plan_options(both, ranks_per_node=2).budget == 320 * MIB  # they agree
+    assert plan_options({**opts, "rank_memory_bytes": 160 * MIB}).budget == 160 * MIB
+    # ZeRO-1 over the node's two ranks fits 160 MiB a rank (test above): one node is enough
+    assert spec_from_options({**opts, "rank_memory_bytes": 160 * MIB},
+                             ranks_per_node=2).min_nodes == 1
+    # the old advice, one accelerator's memory as node_memory_bytes, halves each rank's share:
+    # 80 MiB a rank fits no plan at any size
+    with pytest.raises(MemoryBudgetError, match=r"fits 160.0 MiB per node \(80.0 MiB a rank\)"):
+        spec_from_options({**opts, "node_memory_bytes": 160 * MIB}, ranks_per_node=2)
+    with pytest.raises(SpecError, match=r"node_memory_bytes=.*\(320.0 MiB\) and rank_memory_bytes="
+                       r".*\(160.0 MiB\) disagree: with ranks_per_node=4 .* = 640.0 MiB"):
+        spec_from_options(both, ranks_per_node=4)
+    for bad in (0, -1.0, True, "40GB", float("nan"), float("inf")):
+        with pytest.raises(SpecError, match="rank_memory_bytes must be a number of bytes > 0"):
+            node_budget({"rank_memory_bytes": bad})
+        with pytest.raises(SpecError, match="node_memory_bytes must be a number of bytes > 0"):
+            node_budget({"node_memory_bytes": bad})
+    assert node_budget({}) is None and node_budget({"rank_memory_bytes": None}) is None
+    assert PlanOptions(PROF, 64).rank_budget is None
 
 
 class Recording(AllocationPolicy):

@@ -64,15 +64,33 @@ def _gathered(value: Any, keep: bool) -> Any:
 
 def _shard_like(value: Any, ref: Any) -> Any:
     """This rank's shard of the full tensor ``value``, placed as ``ref`` (no communication:
-    every rank has read the whole checkpoint); ``value`` unchanged when ``ref`` is not a
-    DTensor or the shapes differ (a scalar ``step``)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    every rank has the whole checkpoint); a copy of ``value`` when ``ref`` is not a DTensor or
+    the shapes differ (a scalar ``step``). Memory of its own: nothing kept aliases ``value``.
+    A tensor of a mapped checkpoint (FSDP2's ``Shard(0)``) has only its shard read from the
+    file (:func:`~malleparsl.apps.checkpoint.read_rows`)."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from malleparsl.apps.checkpoint import read_rows
 
     if (isinstance(ref, DTensor) and isinstance(value, torch.Tensor)
             and not isinstance(value, DTensor) and tuple(value.shape) == tuple(ref.shape)):
-        return distribute_tensor(value.to(ref.dtype), ref.device_mesh, ref.placements,
+        if value.dtype == ref.dtype and tuple(ref.placements) == (Shard(0),) and value.dim():
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            shape, offset = compute_local_shape_and_global_offset(
+                ref.shape, ref.device_mesh, ref.placements)
+            rows = read_rows(value, offset[0], offset[0] + shape[0])
+            if rows is not None:
+                return DTensor.from_local(rows.to(ref.device), ref.device_mesh, ref.placements,
+                                          run_check=False, shape=ref.shape, stride=ref.stride())
+        part = distribute_tensor(value.to(ref.dtype), ref.device_mesh, ref.placements,
                                  src_data_rank=None)
-    return value
+        local = part.to_local()
+        if local.untyped_storage().data_ptr() != value.untyped_storage().data_ptr():
+            return part  # distribute_tensor copied it
+        return DTensor.from_local(local.clone(), part.device_mesh, part.placements,
+                                  run_check=False, shape=part.shape, stride=part.stride())
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _consolidate_zero(zero: Any) -> None:
@@ -182,6 +200,7 @@ class ShardedModel:
 
     collective_state = True
     sharded_checkpoint = True
+    reads_mapped_state = True  # a plain file: load_state_dict reads this rank's shard only
     checkpoint_kind = "module"
 
     def dcp_state(self) -> dict[str, Any]:
@@ -294,6 +313,12 @@ class PlanOptimizer:
         return self.zero or self.fsdp
 
     @property
+    def reads_mapped_state(self) -> bool:
+        """Sharded: :meth:`load_state_dict` takes a mapped plain state and reads this rank's
+        part of it only (see ``TrainContext.restore``)."""
+        return self.sharded
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.opt.param_groups
 
@@ -355,11 +380,19 @@ class PlanOptimizer:
         return self._full
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load the plain format; sharded, read (and keep) this rank's part of it only."""
         if self.fsdp:  # keep this rank's shard of every full state tensor
             params = [p for g in self.opt.param_groups for p in g["params"]]
             state = {**state, "state": {
                 i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()}
                 for i, st in state["state"].items()}}
+        elif self.zero:  # this rank's parameters' state, in memory of its own; no other's
+            from malleparsl.apps.checkpoint import owned
+
+            mine = {i for i, p in enumerate(self.opt._index_to_param)
+                    if self.opt._param_to_rank[p] == self.opt.rank}
+            state = {**state, "state": {i: owned(st) for i, st in state["state"].items()
+                                        if int(i) in mine}}
         self.opt.load_state_dict(state)
 
 

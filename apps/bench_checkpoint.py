@@ -12,6 +12,7 @@ seconds the save and the restore took, next to the memory model's peak.
     python -m malleparsl.apps.bench_checkpoint store --mib 128
     python -m malleparsl.apps.bench_checkpoint plan --plan zero1 --n 2
     python -m malleparsl.apps.bench_checkpoint plan --plan fsdp --from-plan dp --n 2
+    python -m malleparsl.apps.bench_checkpoint formats --n 2   # plain file vs DCP, seconds
 """
 
 from __future__ import annotations
@@ -175,7 +176,87 @@ def measure_plan_save(plan: str, n: int, *, width: int = 512, depth: int = 8,
             "restore_over_predicted": r0["restore_peak_bytes"] / pred.peak - 1}
 
 
+def _format_child(rank: int, port: int, n: int, width: int, depth: int,
+                  repeats: int) -> dict[str, Any]:  # runs in a fresh process
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    from malleparsl.apps.checkpoint import CheckpointStore
+    from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    box = [tempfile.mkdtemp(prefix="bench-fmt-") if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    store = CheckpointStore(directory=box[0], keep=2)
+    x, y = teacher_data(n=16, d_in=256)
+    model = BlockMLP(d_in=256, width=width, depth=depth)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_sum(model, (x, y)).backward()
+    opt.step()  # Adam's state exists; every rank holds the same replicated state
+    out: dict[str, list[float]] = {"plain_save_s": [], "plain_read_s": [], "dcp_save_s": [],
+                                   "dcp_read_s": []}
+    step = 0
+
+    def timed(key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        dist.barrier()
+        t0 = time.perf_counter()
+        got = fn(*args, **kwargs)
+        dist.barrier()  # the slowest rank's time: the next segment waits for all of them
+        out[key].append(time.perf_counter() - t0)
+        return got
+
+    def plain_save(state: dict[str, Any], step: int) -> Any:
+        return store.save(state, step=step) if rank == 0 else None
+
+    def dcp_read(step: int, into: dict[str, Any]) -> None:
+        payload = store.read(store.sharded_path_for(step))
+        for key in ("model", "optimizer"):
+            payload["state"][key].load_into(into[key])
+
+    for _ in range(repeats):
+        step += 1
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+        timed("plain_save_s", plain_save, state, step)
+        timed("plain_read_s", store.read, store.path_for(step))
+        step += 1
+        sharded = {"model": get_model_state_dict(model),
+                   "optimizer": get_optimizer_state_dict(model, opt)}
+        timed("dcp_save_s", store.save_sharded, {"step": step} if rank == 0 else None, sharded,
+              {"model": "module", "optimizer": "optimizer"}, step=step, rank=rank,
+              world_size=n)
+        timed("dcp_read_s", dcp_read, step, sharded)
+    dist.destroy_process_group()
+    return {k: min(v) for k, v in out.items()}
+
+
+def measure_formats(n: int, *, width: int = 512, depth: int = 8,
+                    repeats: int = 3) -> dict[str, Any]:
+    """Seconds to save and to read back a replicated plan's state (BlockMLP with Adam) as one
+    plain file (rank 0 writes, every rank reads it whole) and as a DCP checkpoint (its
+    planner spreads the replicated tensors over the ranks; every rank reads them all): the
+    fastest of ``repeats``, the slowest rank's."""
+    from malleparsl.apps.memory import run_fresh
+
+    port = random.randint(20000, 60000)
+    r0 = run_fresh(_format_child, [((r, port, n, width, depth, repeats), {})
+                                   for r in range(n)])[0]
+    return {"n": n, "width": width, "depth": depth, **r0}
+
+
 app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def formats(n: int = 1, width: int = 512, depth: int = 8, repeats: int = 3) -> None:
+    print(json.dumps(measure_formats(n, width=width, depth=depth, repeats=repeats)))
 
 
 @app.command()

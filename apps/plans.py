@@ -22,7 +22,8 @@ size (ZeRO keeps its own partition of it). Under FSDP2 (``fsdp``) the model is r
 writes its own shards with ``torch.distributed.checkpoint`` (no rank gathers the whole state,
 see :meth:`~malleparsl.apps.checkpoint.CheckpointStore.save_sharded`) and loads its shard of a
 sharded checkpoint at any size; any other plan reads such a checkpoint whole into the plain
-format, and FSDP2 still loads a plain file (read whole, keeping each rank's shard).
+format, and FSDP2 still loads a plain file, each rank reading its shard of it only (ZeRO-1
+its own parameters' state; see ``reads_mapped_state`` and ``TrainContext.restore``).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class ShardedModel:
     Checkpoints are sharded (``sharded_checkpoint``): :meth:`dcp_state` is the model's state
     dict of DTensor shards (no copy) and :meth:`load_dcp` fills it from a sharded checkpoint.
     :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard
-    (a plain file, read whole). :meth:`consolidate` / :meth:`state_dict` give the plain format
+    (of a mapped plain file, only the shard is read). :meth:`consolidate` / :meth:`state_dict` give the plain format
     (gathered one tensor at a time, kept on rank 0 only, until :meth:`release`).
     """
 

@@ -177,24 +177,38 @@ def _load_mapped(path: Path, f: Any, start: int) -> Any:
     torch file, past the header, which torch's own mmap path cannot skip), tagged with where
     its data lies in the file for :func:`read_rows`.
 
-    Private torch API (checked against torch 2.13); where it is missing the payload is read
-    whole, as without ``mmap``."""
+    Private torch API (checked against torch 2.13); where it is missing, or the file system
+    cannot map the file, the payload is read whole, as without ``mmap``. A file of the other
+    byte order is mapped (torch swaps the mapped copy) but not tagged: its bytes on disk are
+    not the tensors'."""
+    import sys
+
     import torch
     import torch.serialization as ser
+
+    def whole_read(why: str) -> Any:
+        log.warning("reading %s whole, not mapped: %s", path, why)
+        return torch.load(_Payload(f, start), weights_only=True, map_location="cpu")
 
     load = getattr(ser, "_load", None)
     reader = getattr(ser, "_open_zipfile_reader", None)
     unpickler = getattr(ser, "_weights_only_unpickler", None)
     if load is None or reader is None or unpickler is None:  # pragma: no cover - other torch
-        log.warning("torch %s has no mapped load; reading %s whole", torch.__version__, path)
-        return torch.load(_Payload(f, start), weights_only=True, map_location="cpu")
+        return whole_read(f"torch {torch.__version__} has no mapped load")
     ino = os.fstat(f.fileno()).st_ino
-    whole = torch.UntypedStorage.from_file(os.fspath(path), False, os.fstat(f.fileno()).st_size)
+    try:
+        whole = torch.UntypedStorage.from_file(os.fspath(path), False,
+                                               os.fstat(f.fileno()).st_size)
+    except (OSError, RuntimeError) as exc:  # a file system without mmap
+        return whole_read(f"mapping failed ({exc})")
     if os.stat(path).st_ino != ino:  # replaced since it was hashed: not the bytes checked
         raise CheckpointError(f"{path}: replaced while it was read; read it again")
     with reader(_Payload(f, start)) as archive:
+        order = (bytes(archive.get_record("byteorder")) if archive.has_record("byteorder")
+                 else b"little")  # torch's default for files that do not say
         state = load(archive, "cpu", unpickler, overall_storage=whole[start:])
-    _tag(state, (os.fspath(path), ino, whole.data_ptr()))
+    if order.decode() == sys.byteorder:
+        _tag(state, (os.fspath(path), ino, whole.data_ptr()))
     return state
 
 

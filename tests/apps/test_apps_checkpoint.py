@@ -197,3 +197,34 @@ def test_reading_half_of_each_tensor_of_a_mapped_file_holds_that_half_only(tmp_p
     (row,) = run_fresh(_rows_child, [((str(tmp_path),), {})], timeout_s=120)
     assert row["kept"] == row["file"] // 2 // 2**20 * 2**20  # 16 MiB of a 32 MiB state
     assert row["peak"] < 1.15 * row["kept"], row
+
+
+def test_a_file_system_that_cannot_map_reads_the_file_whole(tmp_path, monkeypatch) -> None:
+    """A mapped read must not turn a good checkpoint into a 'damaged' one (skipped, an older
+    one used) where the file system cannot map files: it reads the payload whole instead."""
+    from malleparsl.apps.checkpoint import read_rows
+
+    store = CheckpointStore(directory=tmp_path)
+    path = store.save(_mixed_state(), step=1)
+
+    def no_mmap(*_a, **_k):
+        raise RuntimeError("unable to mmap: Operation not supported")
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", no_mmap)
+    step, state = store.load_latest(mmap=True)
+    assert step == 1 and torch.equal(state["a"], store.read(path)["a"])
+    assert read_rows(state["a"], 0, 1) is None  # read, not mapped: the caller slices it
+
+
+def test_a_file_of_the_other_byte_order_is_not_read_by_rows(tmp_path, monkeypatch) -> None:
+    """torch swaps such a file's tensors in memory; their bytes on disk are not the values, so
+    read_rows must not read them (the caller slices the swapped tensor instead)."""
+    import sys
+
+    from malleparsl.apps.checkpoint import read_rows
+
+    store = CheckpointStore(directory=tmp_path)
+    path = store.save({"w": torch.arange(6.0).reshape(3, 2)}, step=1)
+    assert read_rows(store.read(path, mmap=True)["w"], 0, 1) is not None
+    monkeypatch.setattr(sys, "byteorder", "big" if sys.byteorder == "little" else "little")
+    assert read_rows(store.read(path, mmap=True)["w"], 0, 1) is None

@@ -75,9 +75,12 @@ def _shard_like(value: Any, ref: Any) -> Any:
 
     if (isinstance(ref, DTensor) and isinstance(value, torch.Tensor)
             and not isinstance(value, DTensor) and tuple(value.shape) == tuple(ref.shape)):
-        if value.dtype == ref.dtype and tuple(ref.placements) == (Shard(0),) and value.dim():
+        try:  # private in torch 2.13; without it the shard is cut from the whole tensor
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
+        except ImportError:  # pragma: no cover - another torch
+            compute_local_shape_and_global_offset = None
+        if (compute_local_shape_and_global_offset is not None and value.dtype == ref.dtype
+                and tuple(ref.placements) == (Shard(0),) and value.dim()):
             shape, offset = compute_local_shape_and_global_offset(
                 ref.shape, ref.device_mesh, ref.placements)
             rows = read_rows(value, offset[0], offset[0] + shape[0])

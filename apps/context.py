@@ -42,6 +42,7 @@ from malleparsl.apps.checkpoint import (
     CheckpointStore,
     ShardedState,
     layout_difference,
+    owned,
     state_layout,
 )
 from malleparsl.apps.sharding import GlobalBatchSampler
@@ -340,11 +341,18 @@ class TrainContext:
         Every rank reads it; a cheap all-reduce checks that all ranks resumed at one step.
         Without a checkpoint, registered modules are broadcast from rank 0 so all replicas
         start equal.
+
+        Where an object keeps a part of its state (``reads_mapped_state``: FSDP2's and
+        ZeRO-1's), a plain file is mapped, not read (``load_latest(mmap=True)``): that object
+        reads its shards only, instead of every rank holding the whole state at once; the
+        other objects get their state read whole (:func:`~malleparsl.apps.checkpoint.owned`),
+        so nothing mapped outlives the restore.
         """
         self._begun = True
         t0 = time.monotonic()
         self._check_folder_reuse()
-        found = self.ckpt.load_latest() if self.ckpt is not None else None
+        mapped = any(getattr(o, "reads_mapped_state", False) for o in self._objects.values())
+        found = self.ckpt.load_latest(mmap=mapped) if self.ckpt is not None else None
         # before any load: a sharded load and the broadcasts below are collectives, which
         # ranks that found different checkpoints would enter mismatched (a hang, a timeout)
         self._check_same_step(found[0] if found is not None else -1)
@@ -362,11 +370,14 @@ class TrainContext:
                         obj.load_dcp(value)
                     else:
                         obj.load_state_dict(value.plain())
+                elif mapped and not getattr(obj, "reads_mapped_state", False):
+                    obj.load_state_dict(owned(value))  # may keep references (an optimizer)
                 else:
                     obj.load_state_dict(value)
             self.step, self.samples = int(payload["step"]), float(payload["samples"])
             self.extra.clear()
-            self.extra.update(payload.get("extra", {}))
+            self.extra.update(owned(payload.get("extra", {})) if mapped else
+                              payload.get("extra", {}))
             self.history[:] = payload.get("history", [])
             self._saved_step = self.step
         self.ckpt_load_s = time.monotonic() - t0

@@ -22,7 +22,8 @@ size (ZeRO keeps its own partition of it). Under FSDP2 (``fsdp``) the model is r
 writes its own shards with ``torch.distributed.checkpoint`` (no rank gathers the whole state,
 see :meth:`~malleparsl.apps.checkpoint.CheckpointStore.save_sharded`) and loads its shard of a
 sharded checkpoint at any size; any other plan reads such a checkpoint whole into the plain
-format, and FSDP2 still loads a plain file (read whole, keeping each rank's shard).
+format, and FSDP2 still loads a plain file, each rank reading its shard of it only (ZeRO-1
+its own parameters' state; see ``reads_mapped_state`` and ``TrainContext.restore``).
 """
 
 from __future__ import annotations
@@ -65,15 +66,36 @@ def _gathered(value: Any, keep: bool) -> Any:
 
 def _shard_like(value: Any, ref: Any) -> Any:
     """This rank's shard of the full tensor ``value``, placed as ``ref`` (no communication:
-    every rank has read the whole checkpoint); ``value`` unchanged when ``ref`` is not a
-    DTensor or the shapes differ (a scalar ``step``)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    every rank has the whole checkpoint); a copy of ``value`` when ``ref`` is not a DTensor or
+    the shapes differ (a scalar ``step``). Memory of its own: nothing kept aliases ``value``.
+    A tensor of a mapped checkpoint (FSDP2's ``Shard(0)``) has only its shard read from the
+    file (:func:`~malleparsl.apps.checkpoint.read_rows`)."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from malleparsl.apps.checkpoint import read_rows
 
     if (isinstance(ref, DTensor) and isinstance(value, torch.Tensor)
             and not isinstance(value, DTensor) and tuple(value.shape) == tuple(ref.shape)):
-        return distribute_tensor(value.to(ref.dtype), ref.device_mesh, ref.placements,
+        try:  # private in torch 2.13; without it the shard is cut from the whole tensor
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        except ImportError:  # pragma: no cover - another torch
+            compute_local_shape_and_global_offset = None
+        if (compute_local_shape_and_global_offset is not None and value.dtype == ref.dtype
+                and tuple(ref.placements) == (Shard(0),) and value.dim()):
+            shape, offset = compute_local_shape_and_global_offset(
+                ref.shape, ref.device_mesh, ref.placements)
+            rows = read_rows(value, offset[0], offset[0] + shape[0])
+            if rows is not None:
+                return DTensor.from_local(rows.to(ref.device), ref.device_mesh, ref.placements,
+                                          run_check=False, shape=ref.shape, stride=ref.stride())
+        part = distribute_tensor(value.to(ref.dtype), ref.device_mesh, ref.placements,
                                  src_data_rank=None)
-    return value
+        local = part.to_local()
+        if local.untyped_storage().data_ptr() != value.untyped_storage().data_ptr():
+            return part  # distribute_tensor copied it
+        return DTensor.from_local(local.clone(), part.device_mesh, part.placements,
+                                  run_check=False, shape=part.shape, stride=part.stride())
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _consolidate_zero(zero: Any) -> None:
@@ -177,12 +199,13 @@ class ShardedModel:
     Checkpoints are sharded (``sharded_checkpoint``): :meth:`dcp_state` is the model's state
     dict of DTensor shards (no copy) and :meth:`load_dcp` fills it from a sharded checkpoint.
     :meth:`load_state_dict` takes a plain state dict on every rank and keeps each rank's shard
-    (a plain file, read whole). :meth:`consolidate` / :meth:`state_dict` give the plain format
+    (of a mapped plain file, only the shard is read). :meth:`consolidate` / :meth:`state_dict` give the plain format
     (gathered one tensor at a time, kept on rank 0 only, until :meth:`release`).
     """
 
     collective_state = True
     sharded_checkpoint = True
+    reads_mapped_state = True  # a plain file: load_state_dict reads this rank's shard only
     checkpoint_kind = "module"
 
     def dcp_state(self) -> dict[str, Any]:
@@ -295,6 +318,12 @@ class PlanOptimizer:
         return self.zero or self.fsdp
 
     @property
+    def reads_mapped_state(self) -> bool:
+        """Sharded: :meth:`load_state_dict` takes a mapped plain state and reads this rank's
+        part of it only (see ``TrainContext.restore``)."""
+        return self.sharded
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.opt.param_groups
 
@@ -356,11 +385,19 @@ class PlanOptimizer:
         return self._full
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load the plain format; sharded, read (and keep) this rank's part of it only."""
         if self.fsdp:  # keep this rank's shard of every full state tensor
             params = [p for g in self.opt.param_groups for p in g["params"]]
             state = {**state, "state": {
                 i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()}
                 for i, st in state["state"].items()}}
+        elif self.zero:  # this rank's parameters' state, in memory of its own; no other's
+            from malleparsl.apps.checkpoint import owned
+
+            mine = {i for i, p in enumerate(self.opt._index_to_param)
+                    if self.opt._param_to_rank[p] == self.opt.rank}
+            state = {**state, "state": {i: owned(st) for i, st in state["state"].items()
+                                        if int(i) in mine}}
         self.opt.load_state_dict(state)
 
 

@@ -32,9 +32,8 @@ bytes per sample kept for the backward pass without/with checkpointing)::
                             gathered on rank 0 to write the plain file)
                                        + [fsdp] 1.5 w U   (every rank writes and reads its own
                             shards with torch.distributed.checkpoint; measured, not
-                            root-caused. Not counted: restoring a *plain* file, written under
-                            another plan, reads it whole on every rank, + (1 + s) w P + buffers,
-                            once at the first FSDP2 segment after a replicated or ZeRO-1 one)
+                            root-caused. Restoring a *plain* file, written under another plan,
+                            costs less: each rank reads its shards of it only)
                             (a replicated plan's file streams from the live state: + 0)
 
     under fsdp: parameters, gradients, optimizer state and temporaries / n, no flat buffer,

@@ -193,6 +193,15 @@ class KnownPlans(PlanAdvisor):
         return parse_plan(plans[n_nodes])
 
 
+def node_layout(layout: NodeLayout | str) -> NodeLayout:
+    """``layout`` itself, or the :data:`LAYOUTS` entry of that name."""
+    if isinstance(layout, NodeLayout):
+        return layout
+    if layout not in LAYOUTS:
+        raise unknown_name("node layout", layout, LAYOUTS)
+    return LAYOUTS[layout]
+
+
 def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,
                   dp_nodes: tuple[int, int], units: int = 8,
                   ranks_per_node: int = 1) -> MemoryProfile:
@@ -221,7 +230,7 @@ def plan_job(
     """``(dp_only, plan_aware)`` versions of one job with memory profile ``prof`` on nodes of
     ``layout``; either is None where no size up to ``max_nodes`` fits (DP: the replicated
     state exceeds one rank's memory at any size; only activations shrink with more ranks)."""
-    lay = LAYOUTS[layout] if isinstance(layout, str) else layout
+    lay = node_layout(layout)
     if spec.curve is None:
         raise SpecError(f"job {spec.job_id!r} needs its true curve")
     gb = global_batch or lay.global_batch
@@ -261,7 +270,7 @@ def plan_jobsets(
     A large job that DP cannot run at any size is refused (SpecError): the DP-only set would
     have to drop it or never finish it, and either compares feasibility, not allocation.
     """
-    lay = LAYOUTS[layout] if isinstance(layout, str) else layout
+    lay = node_layout(layout)
     gb = global_batch or lay.global_batch
     rng = np.random.default_rng(seed)
     dp_only, aware = [], []
@@ -302,11 +311,11 @@ def compare_plans(
     The window starts at the first job's submission, as ``malleparsl simulate`` does; nodes
     have the layout ``layout`` (:data:`LAYOUTS`).
     """
-    if layout not in LAYOUTS:
-        raise unknown_name("node layout", layout, LAYOUTS)
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
     from malleparsl.traces import load_trace
+
+    lay = node_layout(layout)
 
     full = load_trace(trace, nodes=nodes)
     specs = [dataclasses.replace(j, total_samples=j.total_samples * samples_scale)
@@ -319,9 +328,9 @@ def compare_plans(
     out: dict[str, object] = {"trace": trace, "nodes": nodes, "hours": hours, "jobs": jobs,
                               "limit": limit, "samples_scale": samples_scale, "policy": policy,
                               "seed": seed, "layout": layout,
-                              "ranks_per_node": LAYOUTS[layout].ranks_per_node,
+                              "ranks_per_node": lay.ranks_per_node,
                               "global_batch": jobset_options.get("global_batch")
-                              or LAYOUTS[layout].global_batch,
+                              or lay.global_batch,
                               "large_jobs": sum(a.curve is not d.curve for a, d in zip(aware, dp_only))}
     rows = {}
     for name, js in (("dp_only", dp_only), ("plan_aware", aware)):

@@ -165,6 +165,9 @@ def bench_plans(
     sim_dp_nodes: str = typer.Option(
         "4:16", help="LO:HI nodes plain data parallelism needs for the large models."),
     sim_policy: str = typer.Option("milp", help="Simulator policy (setup)."),
+    sim_layout: str = typer.Option(
+        "summit", help="Node layout: summit (6 ranks of 16 GiB, global batch 1536) or "
+        "one-gpu (a node is one 16 GiB rank, global batch 256: figures before 2026-11-26)."),
 ) -> None:
     """Execution plans on CPU (samples/s, peak memory vs the memory model) and the simulator's
     plan-aware vs data-parallel-only comparison on the Summit trace.
@@ -177,6 +180,10 @@ def bench_plans(
     lo, _, hi = sim_dp_nodes.partition(":")
     if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
         raise SpecError(f"--sim-dp-nodes must be LO:HI with 1 <= LO <= HI, got {sim_dp_nodes!r}")
+    from malleparsl.sim.plans import LAYOUTS
+
+    if sim_layout not in LAYOUTS:
+        raise SpecError(f"--sim-layout must be one of {sorted(LAYOUTS)}, got {sim_layout!r}")
     if sim_max_active < 0 or sim_large_every < 1:
         raise SpecError(f"need --sim-max-active >= 0 and --sim-large-every >= 1, got "
                         f"{sim_max_active} and {sim_large_every}")
@@ -210,5 +217,5 @@ def bench_plans(
     res = compare_plans(hours=sim_hours, nodes=sim_nodes, limit=sim_limit or None,
                         samples_scale=sim_samples_scale, policy=sim_policy,
                         max_active=sim_max_active or None, large_every=sim_large_every,
-                        dp_nodes=(int(lo), int(hi)))
+                        dp_nodes=(int(lo), int(hi)), layout=sim_layout)
     print(json.dumps(res, default=float), flush=True)

@@ -4,11 +4,16 @@ Jobs may carry a memory profile (``JobSpec.meta["memory_profile"]``). :func:`pla
 gives a job set two ways:
 
 * **DP-only**: every job runs plain data parallelism; its minimum size is the smallest size at
-  which that fits the node's memory (``PlanOptions(..., bases=("dp",)).min_nodes``), its curve the
-  job set's measured data-parallel curve;
+  which that fits every rank's accelerator (``PlanOptions(..., bases=("dp",)).min_nodes``), its
+  curve the job set's measured data-parallel curve;
 * **plan-aware**: its minimum size is the smallest size at which *any* plan fits, and its
   curve at every size is the best feasible plan's rate, built by the live system's
   :func:`malleparsl.jpa.plans.plan_aware_curve` with :class:`MeasuredPlusPlanCosts`.
+
+A node has the layout of :data:`LAYOUTS` (``summit`` by default: six ranks, one per 16 GiB
+V100, so ZeRO-1 and FSDP2 shard over a node's six ranks while plain DP keeps the whole
+replicated state on every GPU at any size; ``one-gpu``: the layout of the figures before
+2026-11-26, a node is one 16 GiB rank).
 
 A plan's rate is the measured data-parallel rate plus the plan's *extra* time per step from the
 performance model (recomputation, more micro-batches, ZeRO's broadcast, FSDP2's per-pass
@@ -17,8 +22,9 @@ never beat data parallelism where it fits: ``rate_p(n) = G / (G / rate_dp(n) + e
 The allocator (the MILP) then plans with these curves, as it would live.
 
 The larger models are given a profile (parameters, activation bytes per sample) such that
-plain data parallelism needs several nodes of Summit's 16 GiB V100s: about a third of the jobs
-by default.
+plain data parallelism needs several nodes: about a third of the jobs by default. Their
+replicated state always fits one GPU: a model that plain DP cannot run at any size is not a
+scheduling question, and :func:`plan_jobsets` refuses it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 
 from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.controller import PlanAdvisor
-from malleparsl.errors import SpecError
+from malleparsl.errors import SpecError, unknown_name
 from malleparsl.jpa.plans import plan_aware_curve
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.plans import (
@@ -47,7 +53,33 @@ from malleparsl.plans import (
 from malleparsl.sim.result import SimResult
 
 SUMMIT_GPU_BYTES = 16 * 2**30
-"""Memory of one Summit V100; the simulator's node is one accelerator's worth of work."""
+"""Memory of one Summit V100 (``site_configs.accelerators``' "summit"; a test keeps them equal)."""
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """What one simulated node holds: ``ranks_per_node`` ranks of ``rank_bytes`` each, and the
+    global batch of the job set's large models (fixed at every size)."""
+
+    name: str
+    ranks_per_node: int
+    rank_bytes: float
+    global_batch: int
+
+    @property
+    def node_bytes(self) -> float:
+        return self.ranks_per_node * self.rank_bytes
+
+
+LAYOUTS: dict[str, NodeLayout] = {
+    # Summit: 6 V100s of 16 GiB, one rank each. Global batch 6 x 256: every rank's local batch
+    # at n nodes is the one-gpu layout's 256 / n (so "DP needs n nodes" means the same), and
+    # the imagenet jobs' 64 nodes (384 ranks) still get 4 samples a rank (256 would leave
+    # ranks without a sample beyond 42 nodes)
+    "summit": NodeLayout("summit", 6, SUMMIT_GPU_BYTES, 6 * 256),
+    # before 2026-11-26: a node is one 16 GiB rank (reproduces docs/plans.md's older figures)
+    "one-gpu": NodeLayout("one-gpu", 1, SUMMIT_GPU_BYTES, 256),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,9 +97,14 @@ class PlanCosts:
     micro_batch_s: float = 0.004  # per extra micro-batch (launches, optimizer-free pass)
     link_bytes_per_s: float = 12.5e9  # EDR InfiniBand, 2 x 100 Gb/s per node
     latency_s: float = 10e-6  # per extra collective round and log2(n) (a ring step over IB)
+    intra_node_bytes_per_s: float = 50e9  # NVLink 2.0 between a Summit node's V100s
 
     def extra_s(self, prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int,
-                s_per_sample: float) -> float:
+                s_per_sample: float, *, nodes: int | None = None) -> float:
+        """Seconds one step of ``plan`` at ``n`` ranks on ``nodes`` nodes (default ``n``)
+        takes beyond DP's; ``s_per_sample``: one rank's compute per sample. Collectives
+        inside one node run over :attr:`intra_node_bytes_per_s`."""
+        link = self.intra_node_bytes_per_s if (nodes or n) == 1 else self.link_bytes_per_s
         loc = local_batch(global_batch, n)
         mb = min(loc, plan.micro_batch or loc)
         k = math.ceil(loc / mb)
@@ -76,9 +113,9 @@ class PlanCosts:
             t += self.recompute_frac * s_per_sample * loc
         w = prof.bytes_per_param * prof.params
         if plan.zero and n > 1:
-            t += (n - 1) / n * w / self.link_bytes_per_s
+            t += (n - 1) / n * w / link
         if plan.fsdp and n > 1:
-            t += (3 * k - 2) * (n - 1) / n * w / self.link_bytes_per_s
+            t += (3 * k - 2) * (n - 1) / n * w / link
             t += (3 * k - 1) * math.log2(n) * self.latency_s
         return t
 
@@ -87,16 +124,23 @@ class PlanCosts:
 class MeasuredPlusPlanCosts:
     """Step time of a plan: the measured data-parallel step plus the plan's extra time
     (:class:`PlanCosts`); the :class:`~malleparsl.jpa.plans.StepTimeModel` the simulator hands
-    to :func:`~malleparsl.jpa.plans.plan_aware_curve`, the live system's curve builder."""
+    to :func:`~malleparsl.jpa.plans.plan_aware_curve`, the live system's curve builder.
+
+    ``n`` counts ranks (as ``plan_aware_curve`` passes it); ``dp`` is measured per node of
+    ``ranks_per_node`` ranks."""
 
     profile: MemoryProfile
     dp: ScalingCurve
     costs: PlanCosts
+    ranks_per_node: int = 1
 
     def step_time(self, plan: ExecPlan, *, n: int, global_batch: int) -> float:
-        s1 = 1.0 / self.dp.rate(1)  # seconds per sample of compute on one node
-        return global_batch / self.dp.rate(n) + self.costs.extra_s(
-            self.profile, plan, n, global_batch, s1)
+        nodes, odd = divmod(n, self.ranks_per_node)
+        if odd or nodes < 1:
+            raise SpecError(f"{n} ranks are not whole nodes of {self.ranks_per_node}")
+        s1 = self.ranks_per_node / self.dp.rate(1)  # one rank's seconds per sample
+        return global_batch / self.dp.rate(nodes) + self.costs.extra_s(
+            self.profile, plan, n, global_batch, s1, nodes=nodes)
 
 
 class KnownPlans(PlanAdvisor):
@@ -149,36 +193,85 @@ class KnownPlans(PlanAdvisor):
         return parse_plan(plans[n_nodes])
 
 
+def node_layout(layout: NodeLayout | str) -> NodeLayout:
+    """``layout`` itself, or the :data:`LAYOUTS` entry of that name."""
+    if isinstance(layout, NodeLayout):
+        return layout
+    if layout not in LAYOUTS:
+        raise unknown_name("node layout", layout, LAYOUTS)
+    return LAYOUTS[layout]
+
+
 def large_profile(rng: np.random.Generator, *, global_batch: int, budget: float,
-                  dp_nodes: tuple[int, int], units: int = 8) -> MemoryProfile:
-    """A model whose plain data parallelism needs ``dp_nodes[0]..dp_nodes[1]`` nodes: its
-    parameters take 30-60 % of the budget, its activations the rest several times over. It is
-    ``units`` equal blocks (FSDP2 gathers one at a time; 8, as the measured BlockMLP)."""
+                  dp_nodes: tuple[int, int], units: int = 8,
+                  ranks_per_node: int = 1) -> MemoryProfile:
+    """A model whose plain data parallelism needs ``dp_nodes[0]..dp_nodes[1]`` nodes of
+    ``ranks_per_node`` ranks of ``budget`` bytes each: its replicated state takes 30-60 % of
+    one rank's budget (so DP fits some size), its activations the rest several times over. It
+    is ``units`` equal blocks (FSDP2 gathers one at a time; 8, as the measured BlockMLP)."""
     params = int(rng.uniform(0.3, 0.6) * budget / 20)  # 16 B/param persistent + 4 sync buffer
     free = budget - 20 * params
-    need = int(rng.integers(dp_nodes[0], dp_nodes[1] + 1))
+    need = int(rng.integers(dp_nodes[0], dp_nodes[1] + 1)) * ranks_per_node
     act = free * need / global_batch * 0.97  # fits at `need` nodes, not at need - 1
-    act = max(act, free * (need - 1) / global_batch * 1.03)
+    act = max(act, free * (need - ranks_per_node) / global_batch * 1.03)
     return MemoryProfile(params=params, act_per_sample=act, act_ckpt_per_sample=act / 8,
                          grad_transient_per_sample=act / 16, unit_params=params / units)
+
+
+def plan_job(
+    spec: JobSpec,
+    prof: MemoryProfile,
+    *,
+    layout: NodeLayout | str = "summit",
+    global_batch: int | None = None,
+    costs: PlanCosts | None = None,
+    bases: Sequence[str] = FAMILIES,
+) -> tuple[JobSpec | None, JobSpec | None]:
+    """``(dp_only, plan_aware)`` versions of one job with memory profile ``prof`` on nodes of
+    ``layout``; either is None where no size up to ``max_nodes`` fits (DP: the replicated
+    state exceeds one rank's memory at any size; only activations shrink with more ranks)."""
+    lay = node_layout(layout)
+    if spec.curve is None:
+        raise SpecError(f"job {spec.job_id!r} needs its true curve")
+    gb = global_batch or lay.global_batch
+    rpn, budget = lay.ranks_per_node, lay.node_bytes
+    meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": gb,
+            "ranks_per_node": rpn}
+    n_dp = PlanOptions(prof, gb, budget, ("dp",), rpn).min_nodes(spec.max_nodes)
+    dp = None if n_dp is None else dataclasses.replace(
+        spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta)
+    pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts(), rpn),
+                          global_batch=gb, budget=budget, n_max=spec.max_nodes, bases=bases,
+                          name=spec.job_id, ranks_per_node=rpn)
+    if pc.curve is None or pc.min_nodes is None:
+        return dp, None
+    aware = dataclasses.replace(
+        spec, min_nodes=max(spec.min_nodes, pc.min_nodes), curve=pc.curve,
+        meta={**meta, "plans": {n: p.name for n, p in pc.plans.items()}})
+    return dp, aware
 
 
 def plan_jobsets(
     jobs: Sequence[JobSpec],
     *,
+    layout: NodeLayout | str = "summit",
     large_every: int = 3,
-    global_batch: int = 256,
-    budget: float = SUMMIT_GPU_BYTES,
+    global_batch: int | None = None,
     dp_nodes: tuple[int, int] = (4, 16),
     seed: int = 0,
     costs: PlanCosts | None = None,
     bases: Sequence[str] = FAMILIES,
 ) -> tuple[list[JobSpec], list[JobSpec]]:
     """``(dp_only, plan_aware)`` versions of ``jobs``; every ``large_every``-th job is large
+    (plain DP needs ``dp_nodes`` nodes of ``layout``, global batch the layout's unless given)
     and may run the plan families ``bases`` when plan-aware.
 
     Small jobs fit at one node under plain data parallelism and are the same in both sets.
+    A large job that DP cannot run at any size is refused (SpecError): the DP-only set would
+    have to drop it or never finish it, and either compares feasibility, not allocation.
     """
+    lay = node_layout(layout)
+    gb = global_batch or lay.global_batch
     rng = np.random.default_rng(seed)
     dp_only, aware = [], []
     for i, spec in enumerate(jobs):
@@ -188,19 +281,14 @@ def plan_jobsets(
             dp_only.append(spec)
             aware.append(spec)
             continue
-        prof = large_profile(rng, global_batch=global_batch, budget=budget, dp_nodes=dp_nodes)
-        meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": global_batch}
-        n_dp = PlanOptions(prof, global_batch, budget, ("dp",)).min_nodes(spec.max_nodes)
-        if n_dp is None:
-            raise SpecError(f"job {spec.job_id!r}: data parallelism never fits; lower dp_nodes")
-        dp_only.append(dataclasses.replace(spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta))
-        pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts()),
-                              global_batch=global_batch, budget=budget, n_max=spec.max_nodes,
-                              bases=bases, name=spec.job_id)
-        assert pc.curve is not None and pc.min_nodes is not None  # noqa: S101 - dp fits at n_dp
-        aware.append(dataclasses.replace(
-            spec, min_nodes=max(spec.min_nodes, pc.min_nodes), curve=pc.curve,
-            meta={**meta, "plans": {n: p.name for n, p in pc.plans.items()}}))
+        prof = large_profile(rng, global_batch=gb, budget=lay.rank_bytes, dp_nodes=dp_nodes,
+                             ranks_per_node=lay.ranks_per_node)
+        d, a = plan_job(spec, prof, layout=lay, global_batch=gb, costs=costs, bases=bases)
+        if d is None or a is None:
+            raise SpecError(f"job {spec.job_id!r}: data parallelism never fits up to "
+                            f"{spec.max_nodes} nodes; lower dp_nodes")
+        dp_only.append(d)
+        aware.append(a)
     return dp_only, aware
 
 
@@ -215,26 +303,34 @@ def compare_plans(
     seed: int = 0,
     samples_scale: float = 1.0,
     max_active: int | None = 10,
+    layout: str = "summit",
     **jobset_options: object,
 ) -> dict[str, object]:
     """Replay ``trace`` with the DP-only and the plan-aware job sets; the ratios of the issue.
 
-    The window starts at the first job's submission, as ``malleparsl simulate`` does.
+    The window starts at the first job's submission, as ``malleparsl simulate`` does; nodes
+    have the layout ``layout`` (:data:`LAYOUTS`).
     """
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
     from malleparsl.traces import load_trace
+
+    lay = node_layout(layout)
 
     full = load_trace(trace, nodes=nodes)
     specs = [dataclasses.replace(j, total_samples=j.total_samples * samples_scale)
              for j in load_jobset(jobs, limit=limit)]
     t0 = max(full.start_s, min(j.submit_s for j in specs))
     tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
-    dp_only, aware = plan_jobsets(specs, seed=seed, **jobset_options)  # type: ignore[arg-type]
+    dp_only, aware = plan_jobsets(specs, seed=seed, layout=layout,
+                                  **jobset_options)  # type: ignore[arg-type]
     opts = SimOptions(seed=seed, max_active=max_active)
     out: dict[str, object] = {"trace": trace, "nodes": nodes, "hours": hours, "jobs": jobs,
                               "limit": limit, "samples_scale": samples_scale, "policy": policy,
-                              "seed": seed,
+                              "seed": seed, "layout": layout,
+                              "ranks_per_node": lay.ranks_per_node,
+                              "global_batch": jobset_options.get("global_batch")
+                              or lay.global_batch,
                               "large_jobs": sum(a.curve is not d.curve for a, d in zip(aware, dp_only))}
     rows = {}
     for name, js in (("dp_only", dp_only), ("plan_aware", aware)):

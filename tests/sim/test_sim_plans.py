@@ -12,18 +12,75 @@ from malleparsl.sim.plans import mean_jct_all_h, plan_jobsets, unused_node_h
 from malleparsl.traces import trace_from_fragments
 
 
-def test_a_third_of_the_jobs_need_several_nodes_under_dp_only() -> None:
+@pytest.mark.parametrize("layout", ["summit", "one-gpu"])
+def test_a_third_of_the_jobs_need_several_nodes_under_dp_only(layout: str) -> None:
+    """On Summit's layout (6 ranks of 16 GiB a node) every rank's DP peak fits its GPU at the
+    DP minimum and not one node below; the replicated state fits one GPU (DP runs somewhere).
+    Both layouts give every rank the same local batch, so the same DP minimum sizes."""
+    from malleparsl.plans import ExecPlan, plan_memory
+    from malleparsl.sim.plans import LAYOUTS
+
+    lay = LAYOUTS[layout]
     jobs = load_jobset("imagenet", limit=30)
-    dp_only, aware = plan_jobsets(jobs, dp_nodes=(4, 16))
+    dp_only, aware = plan_jobsets(jobs, dp_nodes=(4, 16), layout=layout)
     large = [(d, a) for d, a in zip(dp_only, aware) if d.meta.get("memory_profile")]
     assert len(large) == 10
-    assert all(d.min_nodes >= 3 for d, _ in large)  # "need" is drawn in 4..16, met to +-1
+    assert all(3 <= d.min_nodes <= 16 for d, _ in large)  # "need" drawn in 4..16
     assert sum(d.min_nodes for d, _ in large) / len(large) >= 6
-    assert all(a.min_nodes == 1 for _, a in large)  # accumulation / checkpointing fit one node
+    other, _ = plan_jobsets(jobs, dp_nodes=(4, 16), layout="one-gpu" if layout == "summit"
+                            else "summit")
+    assert [d.min_nodes for d in dp_only] == [d.min_nodes for d in other]
+    assert all(a.min_nodes == 1 for _, a in large)  # accumulation / ZeRO-1 fit one node
+    from malleparsl.plans import MemoryProfile
+
     for d, a in large:  # where plain DP fits, the plan-aware curve is DP's rate
         n = d.min_nodes
+        prof = MemoryProfile.from_dict(d.meta["memory_profile"])
+        gb = d.meta["global_batch"]
+        assert gb == lay.global_batch and d.meta["ranks_per_node"] == lay.ranks_per_node
+        peak = [plan_memory(prof, ExecPlan(), n=k * lay.ranks_per_node, global_batch=gb).peak
+                for k in (n - 1, n)]
+        assert peak[1] <= lay.rank_bytes < peak[0]
+        assert 20 * prof.params <= lay.rank_bytes  # replicated state + sync buffer: one GPU
         assert a.curve.rate(n) == pytest.approx(d.curve.rate(n), rel=1e-12)
         assert 0 < a.curve.rate(1) < d.curve.rate(1)  # one node works, slower than DP would
+
+
+def test_summit_nodes_shard_over_their_six_gpus() -> None:
+    """A model whose replicated DP state (20 B a parameter) exceeds one 16 GiB V100 while
+    ZeRO-1's (16 B at its checkpoint gather) fits: on Summit's layout ZeRO-1 over one node's
+    6 ranks runs it from 1 node, plain DP at no size (no DP-only job); on the one-gpu layout
+    (old code: the only one) ZeRO-1 needs 2 nodes. Collectives inside one node use NVLink."""
+    from malleparsl.model import JobSpec, ScalingCurve
+    from malleparsl.plans import MemoryProfile
+    from malleparsl.sim.plans import LAYOUTS, SUMMIT_GPU_BYTES, PlanCosts, plan_job
+    from malleparsl.site_configs.accelerators import accelerator_memory_bytes
+
+    assert accelerator_memory_bytes("summit") == SUMMIT_GPU_BYTES
+    assert LAYOUTS["summit"].ranks_per_node == 6
+    params = int(SUMMIT_GPU_BYTES / 18)
+    prof = MemoryProfile(params=params, act_per_sample=2e6, act_ckpt_per_sample=2e5,
+                         unit_params=params / 8)
+    dp = ScalingCurve((1, 2, 4, 8), (600.0, 1150.0, 2200.0, 4200.0))
+    spec = JobSpec("big", max_nodes=8, curve=dp)
+    d, a = plan_job(spec, prof, layout="summit")
+    assert d is None  # DP's replicated state never fits a GPU, whatever the size
+    assert a is not None and a.min_nodes == 1
+    assert a.meta["plans"][1] == a.meta["plans"][2] == "zero1"
+    assert a.meta["ranks_per_node"] == 6 and a.meta["global_batch"] == 1536
+    # DP's measured step (per node) plus ZeRO-1's broadcast of W (r-1)/r over r = 6n ranks:
+    # over NVLink inside one node, over InfiniBand across two
+    costs = PlanCosts()
+    w = 4 * params
+    t1 = 1536 / dp.rate(1) + 5 / 6 * w / costs.intra_node_bytes_per_s
+    t2 = 1536 / dp.rate(2) + 11 / 12 * w / costs.link_bytes_per_s
+    assert a.curve.rate(1) == pytest.approx(1536 / t1, rel=1e-9)
+    assert a.curve.rate(2) == pytest.approx(1536 / t2, rel=1e-9)
+    # a node of one 16 GiB rank (the older layout): nothing to shard over at 1 node
+    d1, a1 = plan_job(spec, prof, layout="one-gpu")
+    assert d1 is None and a1 is not None and a1.min_nodes == 2
+    with pytest.raises(SpecError, match="never fits"):  # the job-set builder refuses it
+        plan_jobsets([spec], large_every=1, dp_nodes=(40, 40), layout="summit")
 
 
 def test_plan_aware_job_runs_on_a_fragment_dp_only_cannot_use() -> None:
@@ -75,8 +132,11 @@ def test_bench_plans_simulator_options() -> None:
     for key in ("jct_ratio_vs_dp_only", "jct_all_ratio_vs_dp_only", "samples_ratio_vs_dp_only"):
         assert row[key] is not None and row[key] > 0, key
     assert row["plan_aware"]["unused_node_h"] <= row["dp_only"]["unused_node_h"]
+    assert row["layout"] == "summit" and row["ranks_per_node"] == 6
     bad = runner.invoke(app, ["bench", "plans", "--no-cpu", "--sim-dp-nodes", "5:3"])
     assert bad.exit_code == 2 and "--sim-dp-nodes" in bad.output
+    bad = runner.invoke(app, ["bench", "plans", "--no-cpu", "--sim-layout", "summitt"])
+    assert bad.exit_code == 2 and "--sim-layout" in bad.output
 
 
 def test_fsdp_costs_its_gathers_and_runs_where_only_it_fits() -> None:
@@ -169,7 +229,8 @@ def test_simulated_plan_jobs_run_only_at_sizes_with_a_plan(policy: str, semantic
     had no plan advisor, and equal-share and static ran a job at 3 of 7 nodes, a size with no
     plan (rate 0 in the curve; live, the controller snapped it to 2)."""
     jobs = load_jobset("imagenet", limit=2)
-    _, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",))
+    _, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",),
+                             layout="one-gpu")
     assert all(sorted(a.meta["plans"])[:3] == [2, 4, 8] for a in aware)
     t0 = max(a.submit_s for a in aware)
     tr = trace_from_fragments([(f"n{i}", t0, t0 + 3 * 3600) for i in range(7)]
@@ -187,7 +248,8 @@ def test_known_plans_name_the_plan_of_a_size_and_list_the_runnable_ones() -> Non
     from malleparsl.sim.plans import KnownPlans
 
     jobs = load_jobset("imagenet", limit=2)
-    dp_only, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",))
+    dp_only, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), bases=("fsdp",),
+                             layout="one-gpu")
     kp = KnownPlans()
     kp.register(dp_only[1], 0.0)  # no plans: passes through
     assert kp.plan_for(dp_only[1].job_id, 3) is None

@@ -34,7 +34,9 @@ actually placed do not repay. With finite ``total_samples`` a gain lasts at most
 ``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains). With
 ``exposure="first"`` a grow whose first new node leaves before the job is done also pays
 ``rescale_down_s x r(k)``, the shrink pause that departure will cause; ``"each"`` pays it
-once per distinct departure time among the new nodes.
+once per distinct departure time among the new nodes. With ``refill="stop"`` a stop (a running
+job shrunk to 0 nodes) pays the restart it causes, ``rescale_up_s x r(c)``
+(:func:`restart_pause`).
 
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
@@ -54,7 +56,9 @@ from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.model import NodeId
 
-__all__ = ["OptionTable", "build_options", "horizon_levels", "horizon_objective"]
+__all__ = [
+    "OptionTable", "build_options", "horizon_levels", "horizon_objective", "restart_pause"
+]
 
 
 def horizon_levels(vals: np.ndarray, max_levels: int) -> np.ndarray:
@@ -121,6 +125,7 @@ def build_options(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
+    refill: str = "none",
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
@@ -168,7 +173,8 @@ def build_options(
         ng_vals = np.where(
             ng == c,
             w * base,
-            w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)),
+            w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)
+                 - restart_pause(refill, ng, c, rc, up_s)),
         )
         keep_idx = _prune_nongrow(ng, ng_vals)
         # released[m, L]: among the m shortest-lived current nodes, those at level <= L
@@ -265,6 +271,7 @@ def horizon_objective(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
+    refill: str = "none",
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
@@ -282,7 +289,7 @@ def horizon_objective(
             v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
-            v -= pay
+            v -= pay + float(restart_pause(refill, np.array([k]), c, r(c), j.spec.rescale_up_s)[0])
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
 
@@ -300,6 +307,20 @@ def grow_terms(
         times = 1 if exposure == "first" else len({h for h in added_h if h < job_h})
         pay += times * j.spec.rescale_down_s * rk
     return min(nodes_h, job_h), pay
+
+
+def restart_pause(refill: str, sizes: np.ndarray, c: int, rc: float, up_s: float) -> np.ndarray:
+    """``refill="stop"``: what stopping a running job (``c`` nodes to 0) costs later.
+
+    Under ``costs="pause"`` a stop pays no pause now (the job trains nothing at 0 nodes), but
+    the job is not done: it restarts, paying ``rescale_up_s x`` its rate, which the stop
+    causes. Charged at the rate it stops at, ``r(c)`` (it restarts at about that size).
+    ``"none"``: nothing (the old model: a stop looked free).
+    """
+    sizes = np.asarray(sizes)
+    if refill == "none" or c == 0:
+        return np.zeros(sizes.shape)
+    return np.where(sizes == 0, up_s * rc, 0.0)
 
 
 def _departures(

@@ -35,8 +35,8 @@ actually placed do not repay. With finite ``total_samples`` a gain lasts at most
 ``exposure="first"`` a grow whose first new node leaves before the job is done also pays
 ``rescale_down_s x r(k)``, the shrink pause that departure will cause; ``"each"`` pays it
 once per distinct departure time among the new nodes. With ``refill="stop"`` a stop (a running
-job shrunk to 0 nodes) pays the restart it causes, ``rescale_up_s x r(c)``
-(:func:`restart_pause`).
+job shrunk to 0 nodes) pays the restart it causes, a start back at ``c`` nodes under the cost
+rule (``rescale_up_s x r(c)`` with ``PAUSE``; :func:`restart_pause`).
 
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
@@ -174,7 +174,7 @@ def build_options(
             ng == c,
             w * base,
             w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)
-                 - restart_pause(refill, ng, c, rc, up_s)),
+                 - restart_pause(refill, ng, c, rates, up_s, costs)),
         )
         keep_idx = _prune_nongrow(ng, ng_vals)
         # released[m, L]: among the m shortest-lived current nodes, those at level <= L
@@ -289,7 +289,9 @@ def horizon_objective(
             v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
-            v -= pay + float(restart_pause(refill, np.array([k]), c, r(c), j.spec.rescale_up_s)[0])
+            v -= pay + float(
+                restart_pause(refill, np.array([k]), c, rates, j.spec.rescale_up_s, costs)[0]
+            )
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
 
@@ -309,18 +311,26 @@ def grow_terms(
     return min(nodes_h, job_h), pay
 
 
-def restart_pause(refill: str, sizes: np.ndarray, c: int, rc: float, up_s: float) -> np.ndarray:
+def restart_pause(
+    refill: str,
+    sizes: np.ndarray,
+    c: int,
+    rates: np.ndarray,
+    up_s: float,
+    costs: RescaleCosts = OLD_RATE,
+) -> np.ndarray:
     """``refill="stop"``: what stopping a running job (``c`` nodes to 0) costs later.
 
-    Under ``costs="pause"`` a stop pays no pause now (the job trains nothing at 0 nodes), but
-    the job is not done: it restarts, paying ``rescale_up_s x`` its rate, which the stop
-    causes. Charged at the rate it stops at, ``r(c)`` (it restarts at about that size).
-    ``"none"``: nothing (the old model: a stop looked free).
+    The job is not done: it restarts, and the stop causes that restart. Charged as the cost
+    rule charges a start back at ``c`` nodes (about the size it restarts at): under ``PAUSE``
+    ``rescale_up_s x r(c)``, which the stop itself (a pause at 0 nodes) did not pay; under
+    ``OLD_RATE`` nothing (a start from 0 is free there). ``"none"``: nothing (the old model).
     """
     sizes = np.asarray(sizes)
     if refill == "none" or c == 0:
         return np.zeros(sizes.shape)
-    return np.where(sizes == 0, up_s * rc, 0.0)
+    again = float(costs.rescale(np.array([c]), 0, rates, up_s, 0.0)[0])
+    return np.where(sizes == 0, again, 0.0)
 
 
 def _departures(

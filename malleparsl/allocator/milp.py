@@ -176,9 +176,9 @@ class MilpPolicy(AllocationPolicy):
         Measured in docs/allocator.md (item 2, session 7).
     refill
         With ``horizon``: ``"stop"`` charges stopping a running job (shrinking it to 0 nodes)
-        the restart pause it causes, ``rescale_up_s x r(c)``: the job is not done and must
-        start again, which under ``costs="pause"`` the stop itself (a pause at 0 nodes, free)
-        did not pay. Measured in docs/allocator.md (item 2, session 8): the candidate stopped
+        the restart it causes, a start back at ``c`` nodes under ``costs`` (``"pause"``:
+        ``rescale_up_s x r(c)``; ``"old-rate"``: free): the job is not done and must start
+        again, which under ``costs="pause"`` the stop itself (a pause at 0 nodes) did not pay. Measured in docs/allocator.md (item 2, session 8): the candidate stopped
         1-node jobs to feed another job's grow, ~143 times in 24 h at 512 nodes, each
         restarted a median 192 s later. ``"none"`` (default): not charged.
     exposure

@@ -250,6 +250,16 @@ def test_refill_stop_charges_a_stopped_job_its_restart():
     assert cheap.sizes() == {"F": 2}
 
 
+def test_refill_stop_charges_the_restart_as_the_cost_rule_does():
+    """Under ``costs="old-rate"`` a start from 0 nodes is free, so the restart a stop causes
+    costs nothing and ``refill="stop"`` changes no decision: F's grow pays 10 s x 1,000, S's
+    stop 10 s x 975 (old rate), the move nets +5,250 either way."""
+    snap, jobs = _pair()
+    for refill in ("none", "stop"):
+        got = make_policy("milp-horizon", costs="old-rate", refill=refill).allocate(snap, jobs)
+        assert got.sizes() == {"F": 2}
+
+
 @pytest.mark.parametrize("bad", [{"refill": "all"}, {"refill": True}])
 def test_refill_refuses_unknown_values(bad):
     with pytest.raises(SpecError, match="refill"):

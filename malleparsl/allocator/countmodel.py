@@ -34,7 +34,9 @@ actually placed do not repay. With finite ``total_samples`` a gain lasts at most
 ``total_samples / r(k)`` seconds (the job cannot use a node longer than it trains). With
 ``exposure="first"`` a grow whose first new node leaves before the job is done also pays
 ``rescale_down_s x r(k)``, the shrink pause that departure will cause; ``"each"`` pays it
-once per distinct departure time among the new nodes.
+once per distinct departure time among the new nodes. With ``refill="stop"`` a stop (a running
+job shrunk to 0 nodes) pays the restart it causes, a start back at ``c`` nodes under the cost
+rule (``rescale_up_s x r(c)`` with ``PAUSE``; :func:`restart_pause`).
 
 Feasibility, for every level ``L``: nodes demanded at horizon >= ``H_L`` by growing jobs <= free
 nodes at that level + nodes released at that level. The sets are nested, so this is also
@@ -54,7 +56,9 @@ from malleparsl.allocator.costs import OLD_RATE, RescaleCosts
 from malleparsl.allocator.objective import allowed_sizes
 from malleparsl.model import NodeId
 
-__all__ = ["OptionTable", "build_options", "horizon_levels", "horizon_objective"]
+__all__ = [
+    "OptionTable", "build_options", "horizon_levels", "horizon_objective", "restart_pause"
+]
 
 
 def horizon_levels(vals: np.ndarray, max_levels: int) -> np.ndarray:
@@ -121,6 +125,7 @@ def build_options(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
+    refill: str = "none",
 ) -> OptionTable:
     """Every undominated option of every job (a dominated one never beats its dominator).
 
@@ -168,7 +173,8 @@ def build_options(
         ng_vals = np.where(
             ng == c,
             w * base,
-            w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)),
+            w * (base - (rc - rates[ng]) * h_rel - costs.rescale(ng, c, rates, up_s, down_s)
+                 - restart_pause(refill, ng, c, rates, up_s, costs)),
         )
         keep_idx = _prune_nongrow(ng, ng_vals)
         # released[m, L]: among the m shortest-lived current nodes, those at level <= L
@@ -265,6 +271,7 @@ def horizon_objective(
     costs: RescaleCosts = OLD_RATE,
     weights: Sequence[float] | None = None,
     exposure: str = "none",
+    refill: str = "none",
 ) -> float:
     """The horizon-aware objective of concrete node sets (the values in the module docstring,
     with the actual nodes: growth lasts until the first added node leaves, a shrink's loss as
@@ -282,7 +289,9 @@ def horizon_objective(
             v += (r(k) - r(c)) * lasts - pay
         elif k < c:
             v -= (r(c) - r(k)) * max(horizons[n] for n in cur - new)
-            v -= pay
+            v -= pay + float(
+                restart_pause(refill, np.array([k]), c, rates, j.spec.rescale_up_s, costs)[0]
+            )
         total += (j.spec.weight if weights is None else weights[ji]) * v
     return total
 
@@ -300,6 +309,28 @@ def grow_terms(
         times = 1 if exposure == "first" else len({h for h in added_h if h < job_h})
         pay += times * j.spec.rescale_down_s * rk
     return min(nodes_h, job_h), pay
+
+
+def restart_pause(
+    refill: str,
+    sizes: np.ndarray,
+    c: int,
+    rates: np.ndarray,
+    up_s: float,
+    costs: RescaleCosts = OLD_RATE,
+) -> np.ndarray:
+    """``refill="stop"``: what stopping a running job (``c`` nodes to 0) costs later.
+
+    The job is not done: it restarts, and the stop causes that restart. Charged as the cost
+    rule charges a start back at ``c`` nodes (about the size it restarts at): under ``PAUSE``
+    ``rescale_up_s x r(c)``, which the stop itself (a pause at 0 nodes) did not pay; under
+    ``OLD_RATE`` nothing (a start from 0 is free there). ``"none"``: nothing (the old model).
+    """
+    sizes = np.asarray(sizes)
+    if refill == "none" or c == 0:
+        return np.zeros(sizes.shape)
+    again = float(costs.rescale(np.array([c]), 0, rates, up_s, 0.0)[0])
+    return np.where(sizes == 0, again, 0.0)
 
 
 def _departures(

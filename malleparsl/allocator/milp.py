@@ -85,6 +85,9 @@ ARRIVALS = (False, "next")
 MIN_ARRIVALS = 5
 """``arrivals``: arrivals of idle nodes seen before the learnt wait is used."""
 
+REFILLS = ("none", "stop")
+"""``milp-horizon``'s ``refill``: whether stopping a running job pays the restart it causes."""
+
 MIN_LEARNT_CAP_S = 1.0
 """``learn_hold``: floor of the learnt horizon cap (0 s samples are real, a 0 s cap is not)."""
 
@@ -171,6 +174,13 @@ class MilpPolicy(AllocationPolicy):
         next arrival anyway, in one pause instead of two, so growing it now is worth only the
         gain until then (and a job shrunk now is refilled then). ``False`` (default): no cap.
         Measured in docs/allocator.md (item 2, session 7).
+    refill
+        With ``horizon``: ``"stop"`` charges stopping a running job (shrinking it to 0 nodes)
+        the restart it causes, a start back at ``c`` nodes under ``costs`` (``"pause"``:
+        ``rescale_up_s x r(c)``; ``"old-rate"``: free): the job is not done and must start
+        again, which under ``costs="pause"`` the stop itself (a pause at 0 nodes) did not pay. Measured in docs/allocator.md (item 2, session 8): the candidate stopped
+        1-node jobs to feed another job's grow, ~143 times in 24 h at 512 nodes, each
+        restarted a median 192 s later. ``"none"`` (default): not charged.
     exposure
         With ``horizon``: ``"first"`` (or ``True``): a grow whose new nodes are expected to
         leave before the job is done also pays the shrink pause then
@@ -197,6 +207,7 @@ class MilpPolicy(AllocationPolicy):
         learn_hold: bool | str = False,
         exposure: str | bool = "none",
         arrivals: str | bool = False,
+        refill: str = "none",
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -245,6 +256,9 @@ class MilpPolicy(AllocationPolicy):
         if exposure not in EXPOSURES:
             raise SpecError(f"exposure must be one of {', '.join(EXPOSURES)}, got {exposure!r}")
         self.exposure = exposure
+        if refill not in REFILLS:
+            raise SpecError(f"refill must be one of {', '.join(REFILLS)}, got {refill!r}")
+        self.refill = refill
         if horizon_cap_s is not None and not (
             isinstance(horizon_cap_s, (int, float)) and horizon_cap_s > 0
         ):
@@ -253,6 +267,7 @@ class MilpPolicy(AllocationPolicy):
             "learn_hold": learn_hold or None,
             "arrivals": arrivals or None,
             "exposure": None if exposure == "none" else exposure,
+            "refill": None if refill == "none" else refill,
             "default_horizon_s": default_horizon_s,
             "horizon_cap_s": horizon_cap_s,
             "max_levels": None if max_levels == 1 else max_levels,
@@ -301,6 +316,7 @@ class MilpPolicy(AllocationPolicy):
             costs=self.costs,
             weights=weights,
             exposure=self.exposure,
+            refill=self.refill,
         )
         red = reduce_options(table, len(jobs), gap=self.mip_gap) if self.reduce else None
         mine: list[int] | None = None  # the reduction's feasible choice, as rows of the kept table
@@ -358,7 +374,7 @@ class MilpPolicy(AllocationPolicy):
             )
             score = lambda a: horizon_objective(  # noqa: E731
                 snapshot, jobs, a.assignment, horizons, self.costs, weights,
-                exposure=self.exposure,
+                exposure=self.exposure, refill=self.refill,
             )
             mine = score(alloc)
             if score(keep) > mine + 1e-9 * abs(mine):

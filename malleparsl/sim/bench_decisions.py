@@ -11,7 +11,8 @@ docs/allocator.md (hours on a shared 2-core machine: run it with ``nice``).
 ``poisson`` seed 0 at 0:128 (``milp-horizon``'s options, sessions 6 and 7). Report them apart.
 The other item-2 cases were not tuned on but have been run and decomposed many times (poisson
 seeds 2 and 3 at 0:512 and both whole traces to explain misses); ``FRESH`` (``poisson`` seeds
-4-7, 24 h, 0:128 and 0:512) were first run for the final candidate of session 7.
+4-7, 24 h, 0:128 and 0:512) were first run for the final candidate of session 7, ``FRESH2``
+(seeds 8-11) for that of session 8.
 
 One replay at 512 nodes moves by 1-3.7 % with tie-breaking alone (docs/allocator.md), so
 ``--ties K`` replays every policy that takes ``tie_seed`` K times (``None``, 1 .. K-1) and
@@ -75,7 +76,13 @@ FRESH = [
     for s in range(4, 8)
 ]
 """Held-out generated shapes never run before session 7's final item-2 candidate."""
-FULL += FRESH
+FRESH2 = [
+    Case(f"poisson-s{s}-{nodes}-24h", nodes, 24.0, jobs="poisson:300:300", seed=s)
+    for nodes in ("0:128", "0:512")
+    for s in range(8, 12)
+]
+"""Held-out generated shapes never run before session 8's final item-2 candidate."""
+FULL += FRESH + FRESH2
 POLICIES = "hold,equal-share,greedy,milp,milp-node,milp-horizon"
 FIVE = ("equal-share", "greedy", "milp", "milp-node", "milp-horizon")
 """The baselines of issue 14, item 2 (plain entries only)."""
@@ -270,6 +277,7 @@ def bench_decisions(
 __all__ = [
     "FIVE",
     "FRESH",
+    "FRESH2",
     "FULL",
     "QUICK",
     "Case",

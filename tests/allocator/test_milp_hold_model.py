@@ -219,3 +219,50 @@ def test_arrivals_refuses_unknown_values(bad):
         make_policy("milp-horizon", **bad)
     with pytest.raises(SpecError):
         make_policy("milp", arrivals="next")  # a horizon option
+
+
+def _pair(slow_up_s=30.0):
+    """A fast job F (1,000/s per node) holding b, a slow one S (975/s) holding a; both nodes
+    stay 1,000 s."""
+    fast_c = ScalingCurve((1, 2), (1000.0, 2000.0))
+    slow_c = ScalingCurve((1, 2), (975.0, 1950.0))
+    fast = JobView(JobSpec("F", max_nodes=2, rescale_up_s=10.0, rescale_down_s=10.0,
+                           curve=fast_c), fast_c, frozenset({"b"}))
+    slow = JobView(JobSpec("S", max_nodes=2, rescale_up_s=slow_up_s, rescale_down_s=10.0,
+                           curve=slow_c), slow_c, frozenset({"a"}))
+    snap = ClusterSnapshot(now_s=0.0, nodes=("a", "b"), node_end_s={"a": 1000.0, "b": 1000.0})
+    return snap, [fast, slow]
+
+
+def test_refill_stop_charges_a_stopped_job_its_restart():
+    """Moving a from S to F: F gains 1,000/s x 1,000 s - its pause 10 s x 2,000 = 980,000; S
+    loses 975,000 and (``costs="pause"``) pays no pause at 0 nodes, so the move nets +5,000.
+    But S is not done: it restarts later, paying 30 s x 975 = 29,250 (``refill="stop"``), and
+    then the move does not pay."""
+    snap, jobs = _pair()
+    plain = make_policy("milp-horizon", costs="pause").allocate(snap, jobs)
+    assert plain.sizes() == {"F": 2}
+    kept = make_policy("milp-horizon", costs="pause", refill="stop").allocate(snap, jobs)
+    assert kept.sizes() == {"F": 1, "S": 1}
+    # a cheap restart (1 s x 975) is still worth the move
+    snap, jobs = _pair(slow_up_s=1.0)
+    cheap = make_policy("milp-horizon", costs="pause", refill="stop").allocate(snap, jobs)
+    assert cheap.sizes() == {"F": 2}
+
+
+def test_refill_stop_charges_the_restart_as_the_cost_rule_does():
+    """Under ``costs="old-rate"`` a start from 0 nodes is free, so the restart a stop causes
+    costs nothing and ``refill="stop"`` changes no decision: F's grow pays 10 s x 1,000, S's
+    stop 10 s x 975 (old rate), the move nets +5,250 either way."""
+    snap, jobs = _pair()
+    for refill in ("none", "stop"):
+        got = make_policy("milp-horizon", costs="old-rate", refill=refill).allocate(snap, jobs)
+        assert got.sizes() == {"F": 2}
+
+
+@pytest.mark.parametrize("bad", [{"refill": "all"}, {"refill": True}])
+def test_refill_refuses_unknown_values(bad):
+    with pytest.raises(SpecError, match="refill"):
+        make_policy("milp-horizon", **bad)
+    with pytest.raises(SpecError):
+        make_policy("milp", refill="stop")  # a horizon option

@@ -61,8 +61,8 @@ def test_an_option_one_named_policy_cannot_take_is_refused_before_any_replay():
 
 def test_cases_tuned_on_are_not_marked_held_out():
     """docs/allocator.md, item 2: the policies were tuned on these 24 h cases; the fresh
-    poisson seeds 4-7 are bench cases, held out."""
-    from malleparsl.sim.bench_decisions import FRESH, FULL
+    poisson seeds 4-7 and 8-11 are bench cases, held out."""
+    from malleparsl.sim.bench_decisions import FRESH, FRESH2, FULL
 
     tuned = {c.name for c in FULL if not c.held_out}
     assert tuned == {
@@ -72,6 +72,10 @@ def test_cases_tuned_on_are_not_marked_held_out():
         (s, n) for s in range(4, 8) for n in ("0:128", "0:512")
     }
     assert all(c.held_out and c in FULL for c in FRESH)
+    assert {(c.seed, c.nodes) for c in FRESH2} == {
+        (s, n) for s in range(8, 12) for n in ("0:128", "0:512")
+    }
+    assert all(c.held_out and c in FULL for c in FRESH2)
 
 
 CANDIDATE = "milp-horizon:learn_hold=calibrate:exposure=first:costs=pause:arrivals=next"

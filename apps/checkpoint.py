@@ -215,13 +215,14 @@ def _load_mapped(path: Path, f: Any, start: int) -> Any:
 
 def _bytes_are_values(t: Any) -> bool:
     """A plain dense tensor whose bytes in the file are its values: not sparse (no storage,
-    no data pointer), quantized (scale and zero point), conjugate or negative views (a bit on
-    the tensor, not in its bytes), nor a subclass such as ``nn.Parameter`` or one that
+    no data pointer), nested (rows of their own lengths), quantized (scale and zero point),
+    conjugate or negative views (a bit on the tensor, not in its bytes), nor a subclass such as ``nn.Parameter`` or one that
     requires grad (a read gives a plain tensor)."""
     import torch
 
-    return (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_quantized
-            and not t.is_conj() and not t.is_neg() and not t.requires_grad)
+    return (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested
+            and not t.is_quantized and not t.is_conj() and not t.is_neg()
+            and not t.requires_grad)
 
 
 def _tag(value: Any, source: tuple[str, int, int]) -> None:
@@ -281,7 +282,8 @@ def owned(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        part = read_rows(value, 0, len(value)) if value.dim() else None
+        tagged = getattr(value, _SOURCE, None) is not None and value.dim()
+        part = read_rows(value, 0, len(value)) if tagged else None
         if part is not None:
             return part
         if type(value) is not torch.Tensor:  # a Parameter stays one, as torch.load made it

@@ -231,11 +231,11 @@ def test_a_file_of_the_other_byte_order_is_not_read_by_rows(tmp_path, monkeypatc
 
 
 def test_a_mapped_read_keeps_tensors_whose_bytes_are_not_their_values(tmp_path) -> None:
-    """Sparse, quantized, conjugate and Parameter tensors: their bytes in the file are not
-    all they are. A sparse one has no data pointer at all, and tagging it failed the mapped
-    read, so a good checkpoint was skipped as damaged; read as bytes, a conjugate view lost
-    its conjugation, a quantized one its scale, a Parameter its class. They are copied as
-    torch.load made them instead, and read_rows does not read them."""
+    """Sparse, nested, quantized, conjugate and Parameter tensors: their bytes in the file
+    are not all they are. A sparse one has no data pointer at all, and tagging it failed the
+    mapped read, so a good checkpoint was skipped as damaged; owned() failed on a nested one
+    (no len); read as bytes, a conjugate view lost its conjugation, a quantized one its
+    scale, a Parameter its class. They are copied as torch.load made them instead, and read_rows does not read them."""
     import warnings
 
     from malleparsl.apps.checkpoint import owned, read_rows
@@ -245,7 +245,9 @@ def test_a_mapped_read_keeps_tensors_whose_bytes_are_not_their_values(tmp_path) 
                        "q": torch.quantize_per_tensor(torch.randn(4, 3), 0.1, 3, torch.qint8),
                        "conj": torch.randn(4, 2, dtype=torch.complex64).conj(),
                        "p": torch.nn.Parameter(torch.randn(4, 2)), "w": torch.randn(4, 2),
-                       "g": torch.randn(4, 2, requires_grad=True)}, step=1)
+                       "g": torch.randn(4, 2, requires_grad=True),
+                       "nested": torch.nested.nested_tensor([torch.arange(3.0),
+                                                             torch.arange(5.0)])}, step=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CorruptCheckpointWarning)
         step, mapped = store.load_latest(mmap=True)
@@ -259,7 +261,8 @@ def test_a_mapped_read_keeps_tensors_whose_bytes_are_not_their_values(tmp_path) 
     assert type(mine["p"]) is torch.nn.Parameter and torch.equal(mine["p"], plain["p"])
     assert torch.equal(mine["w"], plain["w"])
     assert mine["g"].requires_grad and mine["g"].is_leaf and torch.equal(mine["g"], plain["g"])
-    for k in ("q", "conj", "p", "g"):
+    assert [t.tolist() for t in mine["nested"].unbind()] == [[0, 1, 2], [0, 1, 2, 3, 4]]
+    for k in ("q", "conj", "p", "g", "nested"):
         assert read_rows(mapped[k], 0, 1) is None, k
     assert torch.equal(read_rows(mapped["w"], 1, 3), plain["w"][1:3])
 

@@ -216,8 +216,8 @@ def _load_mapped(path: Path, f: Any, start: int) -> Any:
 def _bytes_are_values(t: Any) -> bool:
     """A plain dense tensor whose bytes in the file are its values: not sparse (no storage,
     no data pointer), nested (rows of their own lengths), quantized (scale and zero point),
-    conjugate or negative views (a bit on the tensor, not in its bytes), nor a subclass such as ``nn.Parameter`` or one that
-    requires grad (a read gives a plain tensor)."""
+    conjugate or negative views (a bit on the tensor, not in its bytes), nor a subclass such
+    as ``nn.Parameter`` or one that requires grad (a read gives a plain tensor)."""
     import torch
 
     return (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested
@@ -243,8 +243,8 @@ def _tag(value: Any, source: tuple[str, int, int]) -> None:
 def read_rows(tensor: Any, start: int, stop: int) -> Any:
     """Rows ``[start, stop)`` of a tensor of a mapped checkpoint (``read(..., mmap=True)``),
     read from its file into memory of their own; ``None`` for any other tensor (or one not
-    contiguous, or 0-d, or whose bytes are not its values: sparse, quantized, a conjugate
-    view, a ``Parameter``). Rows beyond the tensor are a ``ValueError``, not other bytes.
+    contiguous, or 0-d, or whose bytes are not its values: sparse, nested, quantized, a
+    conjugate view, a ``Parameter``). Rows beyond the tensor are a ``ValueError``, not other bytes.
 
     A read, not a touch of the mapping: a page cache's large folios map whole megabytes per
     fault, so touching half of each tensor maps most of the file (measured on ext4, Linux

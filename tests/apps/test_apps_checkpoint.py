@@ -278,3 +278,15 @@ def test_rows_past_the_end_of_a_tensor_are_refused(tmp_path) -> None:
         with pytest.raises(ValueError, match=r"rows \[.*\) of a tensor of 4 rows"):
             read_rows(mapped["w"], start, stop)
     assert read_rows(mapped["w"], 4, 4).shape == (0, 2)
+
+
+def test_the_checkpoint_benchmarks_remove_their_checkpoints(tmp_path, monkeypatch) -> None:
+    """Each run left its checkpoints in the temporary directory (bench-ckpt-*, bench-fmt-*;
+    5.1 GB of them had piled up in /tmp on the development machine)."""
+    from malleparsl.apps.bench_checkpoint import measure_formats, measure_plan_save
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the benchmarks' fresh processes use it
+    measure_formats(1, width=16, depth=1, repeats=1)
+    row = measure_plan_save("dp", 1, width=16, depth=1, global_batch=16)
+    assert row["restore_peak_bytes"] >= 0
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("bench-")]

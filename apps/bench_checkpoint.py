@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import random
+import shutil
 import tempfile
 from typing import Any
 
@@ -149,7 +150,10 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
     gc.collect()
     restore_peak, restore_s = resume("job", width, depth)
     if n > 1:
+        dist.barrier()  # every rank has read the files before rank 0 removes them
         dist.destroy_process_group()
+    if rank == 0:  # the checkpoints (a model's state, its optimizer's) were left in /tmp
+        shutil.rmtree(ckpt, ignore_errors=True)
     return {"rank": rank, "train_peak_bytes": train_peak - base,
             "save_peak_bytes": save_peak - base, "after_save_bytes": after - base,
             "restore_peak_bytes": restore_peak - base, "save_s": save_s,
@@ -233,7 +237,9 @@ def _format_child(rank: int, port: int, n: int, width: int, depth: int,
               {"model": "module", "optimizer": "optimizer"}, step=step, rank=rank,
               world_size=n)
         timed("dcp_read_s", dcp_read, step, sharded)
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # after timed's barrier: every rank has read the files
+    if rank == 0:  # the last two checkpoints were left in /tmp
+        shutil.rmtree(box[0], ignore_errors=True)
     return {k: min(v) for k, v in out.items()}
 
 

@@ -44,6 +44,7 @@ classes) so a resumed job can refuse a checkpoint of another model or optimizer.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import hashlib
 import io
@@ -212,12 +213,25 @@ def _load_mapped(path: Path, f: Any, start: int) -> Any:
     return state
 
 
+def _bytes_are_values(t: Any) -> bool:
+    """A plain dense tensor whose bytes in the file are its values: not sparse (no storage,
+    no data pointer), nested (rows of their own lengths), quantized (scale and zero point),
+    conjugate or negative views (a bit on the tensor, not in its bytes), nor a subclass such
+    as ``nn.Parameter`` or one that requires grad (a read gives a plain tensor)."""
+    import torch
+
+    return (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested
+            and not t.is_quantized and not t.is_conj() and not t.is_neg()
+            and not t.requires_grad)
+
+
 def _tag(value: Any, source: tuple[str, int, int]) -> None:
     import torch
 
     if isinstance(value, torch.Tensor):
-        path, ino, base = source
-        setattr(value, _SOURCE, (path, ino, value.data_ptr() - base))
+        if _bytes_are_values(value):  # others are copied whole (owned) or sliced (_shard_like)
+            path, ino, base = source
+            setattr(value, _SOURCE, (path, ino, value.data_ptr() - base))
     elif isinstance(value, dict):
         for v in value.values():
             _tag(v, source)
@@ -229,7 +243,8 @@ def _tag(value: Any, source: tuple[str, int, int]) -> None:
 def read_rows(tensor: Any, start: int, stop: int) -> Any:
     """Rows ``[start, stop)`` of a tensor of a mapped checkpoint (``read(..., mmap=True)``),
     read from its file into memory of their own; ``None`` for any other tensor (or one not
-    contiguous, or 0-d).
+    contiguous, or 0-d, or whose bytes are not its values: sparse, nested, quantized, a
+    conjugate view, a ``Parameter``). Rows beyond the tensor are a ``ValueError``, not other bytes.
 
     A read, not a touch of the mapping: a page cache's large folios map whole megabytes per
     fault, so touching half of each tensor maps most of the file (measured on ext4, Linux
@@ -239,6 +254,8 @@ def read_rows(tensor: Any, start: int, stop: int) -> Any:
     source = getattr(tensor, _SOURCE, None)
     if source is None or tensor.dim() == 0 or not tensor.is_contiguous():
         return None
+    if not 0 <= start <= stop <= len(tensor):  # past its end the file holds other bytes
+        raise ValueError(f"rows [{start}, {stop}) of a tensor of {len(tensor)} rows")
     path, ino, offset = source
     row = tensor[0].numel() * tensor.element_size() if len(tensor) else 0
     out = torch.empty((stop - start, *tensor.shape[1:]), dtype=tensor.dtype)
@@ -265,8 +282,14 @@ def owned(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        part = read_rows(value, 0, len(value)) if value.dim() else None
-        return part if part is not None else value.clone()
+        tagged = getattr(value, _SOURCE, None) is not None and value.dim()
+        part = read_rows(value, 0, len(value)) if tagged else None
+        if part is not None:
+            return part
+        if type(value) is not torch.Tensor:  # a Parameter stays one, as torch.load made it
+            return copy.deepcopy(value)
+        # sparse, quantized and conjugate tensors keep what they are; a leaf stays a leaf
+        return value.detach().clone().requires_grad_(value.requires_grad)
     if isinstance(value, dict):
         return {k: owned(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

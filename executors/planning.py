@@ -88,6 +88,11 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
                 f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
             ) from None
         curve = ScalingCurve.from_points(points, name=str(job_id))
+    from malleparsl.plans import node_budget
+
+    # a budget that is no number of bytes, or two that disagree, is refused here, at submit,
+    # as with automatic plans; not by every rank's prepare() once the job holds its nodes
+    node_budget(options, ranks_per_node=ranks_per_node)
     if options.get("memory_profile") is not None:  # execution plans: smallest size any fits
         from malleparsl.plans import min_nodes_for, plan_options
 

@@ -56,6 +56,7 @@ Which feasible plan is fastest is the performance model's call
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -345,7 +346,7 @@ def _budget_value(options: Mapping[str, Any], key: str) -> float | None:
     v = options.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
         raise SpecError(f"{key} must be a number of bytes > 0, got {v!r}; e.g. {key}=40 * 2**30")
     return float(v)
 

@@ -129,6 +129,23 @@ def test_rank_memory_is_one_accelerators_and_the_node_holds_one_per_rank() -> No
     assert PlanOptions(PROF, 64).rank_budget is None
 
 
+def test_budget_options_are_checked_at_submit_and_take_any_real_number() -> None:
+    """A bad or inconsistent budget is refused by spec_from_options even when the job has no
+    automatic plans (a fixed plan, or no memory_profile): prepare() would refuse it only once
+    the job held its nodes, on every rank. A NumPy integer is a number of bytes."""
+    import numpy as np
+
+    fixed = {"max_nodes": 2, "plan": "zero1", "memory_profile": PROF.as_dict(), "global_batch": 64}
+    with pytest.raises(SpecError, match="disagree"):
+        spec_from_options({**fixed, "node_memory_bytes": 320 * MIB,
+                           "rank_memory_bytes": 100 * MIB}, ranks_per_node=2)
+    with pytest.raises(SpecError, match="rank_memory_bytes must be a number of bytes > 0"):
+        spec_from_options({"max_nodes": 2, "rank_memory_bytes": "40GB"})
+    assert spec_from_options({"max_nodes": 2, "rank_memory_bytes": 40 * 2**30}).max_nodes == 2
+    assert node_budget({"rank_memory_bytes": np.int64(160 * MIB)}, ranks_per_node=2) == 320 * MIB
+    assert node_budget({"node_memory_bytes": np.float32(2.0**20)}) == 2.0**20
+
+
 class Recording(AllocationPolicy):
     """The MILP, recording every view it is asked to plan with."""
 

@@ -286,7 +286,17 @@ class JobProfilingAdvisor(CurveAdvisor):
         per_node = self._per_node(rec, est)
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
         kappa = self.kappa
-        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
+        bound = per_node * n
+        if rec.prior is not None and rec.obs:
+            # below the smallest size the job measured itself its own per-node rate is no upper
+            # bound (fewer nodes are faster per node, and past a peak faster outright): there the
+            # prior's per-node rates at its measured sizes, at this job's level, count too
+            lo = min(rec.measured_sizes)
+            pm = [m for m in rec.prior.measured if m < lo and m <= est.n_max]
+            if pm:
+                pn = max(float(est.mean[m]) / m for m in pm)
+                bound = np.where(n < lo, np.maximum(bound, pn * n), bound)
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], bound)
         pop = None if short else self._shape_posterior(rec, n_tab)
         if pop is not None:
             # the population's expected curve: go to its best size at once, and do not plan

@@ -233,17 +233,21 @@ class JobProfilingAdvisor(CurveAdvisor):
         known = {r.job_id for r in recs if self.predictable(r)}
         eps = 1e-6 * max([self._per_node(r) for r in recs if r.job_id in known] + [1.0])
         out = []
-        for rec in recs:
+        for js, rec in zip(jobs, recs):
             spec = self._spec_with_pauses(rec)
             current = allocation.nodes_of(rec.job_id)
             n_tab = max(spec.min_nodes, min(spec.max_nodes, max(n_nodes, 1)))
             curve = self.planning_curve(rec, n_tab) if rec.job_id in known else None
             if curve is None:
                 curve = self._placeholder(rec.job_id, n_tab, eps)
+            # the progress the controller reports, as KnownCurves gives it: policies that value
+            # a grow over the job's remaining time (hold, priorities) need it
+            done = {"remaining_samples": max(0.0, spec.total_samples - js.done_samples),
+                    "attained_samples": js.done_samples}
             if rec.probe is not None:
-                out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size))
+                out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size, **done))
             else:
-                out.append(JobView(spec, curve, current))
+                out.append(JobView(spec, curve, current, **done))
         return out
 
     def _placeholder(self, job_id: str, n_tab: int, eps: float) -> ScalingCurve:
@@ -282,7 +286,17 @@ class JobProfilingAdvisor(CurveAdvisor):
         per_node = self._per_node(rec, est)
         sig = est.sigma if self.optimism == "total" or est.model_sigma is None else est.model_sigma
         kappa = self.kappa
-        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], per_node * n)
+        bound = per_node * n
+        if rec.prior is not None and rec.obs:
+            # below the smallest size the job measured itself its own per-node rate is no upper
+            # bound (fewer nodes are faster per node, and past a peak faster outright): there the
+            # prior's per-node rates at its measured sizes, at this job's level, count too
+            lo = min(rec.measured_sizes)
+            pm = [m for m in rec.prior.measured if m < lo and m <= est.n_max]
+            if pm:
+                pn = max(float(est.mean[m]) / m for m in pm)
+                bound = np.where(n < lo, np.maximum(bound, pn * n), bound)
+        ucb = np.minimum(est.mean[1 : n_tab + 1] + kappa * sig[1 : n_tab + 1], bound)
         pop = None if short else self._shape_posterior(rec, n_tab)
         if pop is not None:
             # the population's expected curve: go to its best size at once, and do not plan

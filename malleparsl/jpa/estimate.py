@@ -124,22 +124,53 @@ def estimate(
     )
 
 
+PRIOR_LEVEL_SD = 0.25
+"""A priori spread of log(level) between two jobs of one ``profile_key`` (same app, maybe another
+batch size or data set): how far a prior's level is pulled by readings at sizes it never
+measured, where its own curve is an interpolation or an extrapolation."""
+
+
+def prior_level(
+    prior: CurveEstimate, own: Samples, *, noise_rel: float, level_sd: float | None = None,
+) -> float:
+    """This job's level relative to ``prior``: the ratio of its rates to the prior's.
+
+    Each own size counts by its precision: its readings' error (``noise_rel`` per reading) and
+    the prior's own uncertainty there (small where the prior measured, large where its curve
+    is an interpolation or an extrapolation). When the job shares no size with the prior's
+    measured ones, the log ratio is also shrunk towards 1 by a level spread of ``level_sd``
+    (default :data:`PRIOR_LEVEL_SD`), so readings only at sizes the prior never measured barely
+    move it: measured on the zoo, a median ratio taken at such a size (a job started from a
+    prior that measured up to 16 nodes, reading at 44) put the prior's points up to 2.6x above
+    the job's truth.
+    """
+    sig = max(noise_rel, MIN_NOISE)
+    shared = any(int(n) in prior.measured for n in own.nodes)
+    num, den = 0.0, 0.0 if shared else 1.0 / (PRIOR_LEVEL_SD if level_sd is None else level_sd) ** 2
+    for n, r, c in zip(own.nodes, own.rates, own.weight):
+        ref = prior.rate(int(n))
+        if ref <= 0 or r <= 0:
+            continue
+        rs = prior.rel_sigma(int(n))
+        w = 1.0 / (sig**2 / max(float(c), 1.0) + (rs if math.isfinite(rs) else 1e6) ** 2)
+        num += w * math.log(r / ref)
+        den += w
+    return math.exp(num / den) if den > 0 else 1.0
+
+
 def scaled_prior(
-    prior: CurveEstimate, own: Samples | None, *, weight: float
+    prior: CurveEstimate, own: Samples | None, *, weight: float, noise_rel: float = 0.05,
 ) -> Samples:
     """A similar job's curve as pseudo-measurements, rescaled to this job's level.
 
     The prior's measured sizes become points of weight ``weight`` each; sizes this job has
-    measured itself are left out, and the rest are scaled by the median ratio of this job's
-    rates to the prior's at its own sizes (same app, maybe another batch size or dataset).
+    measured itself are left out, and the rest are scaled by :func:`prior_level` (same app,
+    maybe another batch size or dataset).
     """
     sizes = [n for n in prior.measured if n <= prior.n_max]
     ratio = 1.0
     if own is not None and len(own):
-        ref = np.array([prior.rate(int(n)) for n in own.nodes])
-        ok = ref > 0
-        if np.any(ok):
-            ratio = float(np.median(own.rates[ok] / ref[ok]))
+        ratio = prior_level(prior, own, noise_rel=noise_rel)
         mine = set(int(n) for n in own.nodes)
         sizes = [n for n in sizes if n not in mine]
     rates = [prior.rate(n) * ratio for n in sizes]

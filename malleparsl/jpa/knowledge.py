@@ -175,7 +175,7 @@ class JobRecord:
         own = self.samples()
         pts = own
         if self.prior is not None:
-            pr = scaled_prior(self.prior, own, weight=self.prior_weight)
+            pr = scaled_prior(self.prior, own, weight=self.prior_weight, noise_rel=noise)
             pts = pr if own is None else merge(own, pr)
         if pts is None or len(pts) == 0:
             return None

@@ -298,3 +298,44 @@ def test_an_unpredictable_jobs_placeholder_is_one_object_across_replans():
     assert jpa.views(snap, ctl.active_jobs, ctl.allocation)[0].curve is first
     jpa.forget("u")
     assert "u" not in jpa._placeholders
+
+
+def test_views_carry_the_reported_progress_like_known_curves():
+    """A policy that values a grow over the job's remaining time (hold, priorities) must see the
+    samples left, not the spec's total, whether the job is probed or planned."""
+    from malleparsl.allocator.base import ClusterSnapshot
+    from malleparsl.controller import JobState
+    from malleparsl.model import Allocation
+
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    a = JobSpec("a", max_nodes=8, total_samples=1e6)
+    b = JobSpec("b", max_nodes=8, total_samples=1e6)
+    jpa.register(a, 0.0)
+    jpa.register(b, 0.0)
+    for t in (10.0, 20.0):
+        jpa.observe("b", 1, 100.0, t)  # b is predictable, a will be probed
+    snap = ClusterSnapshot(now_s=30.0, nodes=tuple(NODES))
+    views = jpa.views(snap, [JobState(a, done_samples=4e5), JobState(b, done_samples=9e5)],
+                      Allocation({}))
+    by = {v.job_id: v for v in views}
+    assert by["a"].lo == by["a"].hi == 1  # a probe
+    assert by["a"].remaining == pytest.approx(6e5) and by["a"].attained_samples == 4e5
+    assert by["b"].remaining == pytest.approx(1e5) and by["b"].attained_samples == 9e5
+
+
+def test_below_its_smallest_own_size_a_job_is_bounded_by_its_priors_per_node_rates():
+    """A job started from its model's prior at a size past the peak (slow per node there): its
+    own per-node rate must not cap the sizes its prior measured as faster; before, 8 nodes were
+    planned at 8 x 700/32 = 175/s although the prior measured 600/s there."""
+    from malleparsl.jpa.estimate import CurveEstimate
+
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    n = np.arange(33, dtype=float)
+    mean = np.interp(n, [0, 1, 2, 4, 8, 32], [0, 100, 190, 360, 600, 600])
+    jpa.priors["bert"] = CurveEstimate(mean=mean, sigma=0.02 * mean, measured=(1, 2, 4, 8))
+    jpa.register(JobSpec("b", max_nodes=32, model="bert"), 0.0)
+    for t in (10.0, 20.0):
+        jpa.observe("b", 32, 700.0, t)
+    curve = jpa.planning_curve(jpa.records["b"], 32)
+    assert curve.rate(8) > 0.9 * 600.0
+    assert curve.rate(4) <= 1.1 * 4 * 100.0  # no super-linear promise from the prior's 1 node

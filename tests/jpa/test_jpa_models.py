@@ -166,3 +166,23 @@ def test_pooled_noise_and_prior_scaling():
     assert list(pts.nodes) == [2, 4, 8]
     assert pts.rates == pytest.approx(0.5 * f(n[1:]), rel=0.02)
     assert list(pts.weight) == [0.5, 0.5, 0.5]
+
+
+
+
+def test_prior_level_is_not_set_by_a_size_the_prior_never_measured():
+    """A job started from its model's prior at 44 nodes, the prior flat past its 16: the old
+    median ratio (4400 / 1600) scaled every prior point 2.75x above the job's truth."""
+    from malleparsl.jpa.estimate import CurveEstimate, prior_level
+
+    n = np.arange(65, dtype=float)
+    mean = 100.0 * np.minimum(n, 16)
+    sigma = np.where(n <= 16, 0.02 * mean, 0.5 * 1600 * np.log2(np.maximum(n, 1) / 16))
+    prior = CurveEstimate(mean=mean, sigma=sigma, measured=(1, 2, 4, 8, 16), model_free=True)
+    own = Samples.of([44], [4400.0], [2.0])  # the same model: linear on
+    assert prior_level(prior, own, noise_rel=0.03) == pytest.approx(1.0, abs=0.15)
+    pts = scaled_prior(prior, own, weight=0.5, noise_rel=0.03)
+    assert pts.rates == pytest.approx(100.0 * pts.nodes, rel=0.15)
+    # readings at a size the prior measured set the level, unshrunk: half as fast is half
+    half = Samples.of([8, 44], [400.0, 2200.0], [4.0, 2.0])
+    assert prior_level(prior, half, noise_rel=0.03) == pytest.approx(0.5, rel=0.02)

@@ -284,9 +284,13 @@ def plan_jobsets(
         prof = large_profile(rng, global_batch=gb, budget=lay.rank_bytes, dp_nodes=dp_nodes,
                              ranks_per_node=lay.ranks_per_node)
         d, a = plan_job(spec, prof, layout=lay, global_batch=gb, costs=costs, bases=bases)
-        if d is None or a is None:
+        if d is None:
             raise SpecError(f"job {spec.job_id!r}: data parallelism never fits up to "
                             f"{spec.max_nodes} nodes; lower dp_nodes")
+        if a is None:  # DP fits, but the families allowed cannot run at any size
+            raise SpecError(f"job {spec.job_id!r}: no plan of {list(bases)} fits up to "
+                            f"{spec.max_nodes} nodes (plain DP does from {d.min_nodes}); "
+                            "allow more plan families (bases)")
         dp_only.append(d)
         aware.append(a)
     return dp_only, aware
@@ -303,7 +307,7 @@ def compare_plans(
     seed: int = 0,
     samples_scale: float = 1.0,
     max_active: int | None = 10,
-    layout: str = "summit",
+    layout: NodeLayout | str = "summit",
     **jobset_options: object,
 ) -> dict[str, object]:
     """Replay ``trace`` with the DP-only and the plan-aware job sets; the ratios of the issue.
@@ -322,12 +326,12 @@ def compare_plans(
              for j in load_jobset(jobs, limit=limit)]
     t0 = max(full.start_s, min(j.submit_s for j in specs))
     tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
-    dp_only, aware = plan_jobsets(specs, seed=seed, layout=layout,
+    dp_only, aware = plan_jobsets(specs, seed=seed, layout=lay,
                                   **jobset_options)  # type: ignore[arg-type]
     opts = SimOptions(seed=seed, max_active=max_active)
     out: dict[str, object] = {"trace": trace, "nodes": nodes, "hours": hours, "jobs": jobs,
                               "limit": limit, "samples_scale": samples_scale, "policy": policy,
-                              "seed": seed, "layout": layout,
+                              "seed": seed, "layout": lay.name,
                               "ranks_per_node": lay.ranks_per_node,
                               "global_batch": jobset_options.get("global_batch")
                               or lay.global_batch,

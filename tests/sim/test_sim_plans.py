@@ -280,3 +280,33 @@ def test_known_plans_keep_a_job_off_sizes_below_its_first_plan() -> None:
     (view,) = kp.adjust(snap, [JobView(spec, curve)])
     assert not view.allows(1) and view.allows(2)
     assert make_policy("equal-share").allocate(snap, [view]).size("f") == 0
+
+
+def test_plan_jobsets_names_why_a_large_job_is_refused() -> None:
+    """A large job whose DP fits (1 node) but whose allowed families cannot run at any size
+    (ZeRO-1 alone, one rank a node, ``max_nodes=1``: nothing to shard over) is refused for
+    that reason; the old message said data parallelism never fits and to lower dp_nodes,
+    which it does and would not help."""
+    from malleparsl.model import JobSpec, ScalingCurve
+
+    spec = JobSpec("j", max_nodes=1, curve=ScalingCurve((1, 2), (600.0, 1150.0)))
+    d, a = plan_jobsets([spec], large_every=1, dp_nodes=(1, 1), layout="one-gpu")
+    assert d[0].min_nodes == a[0].min_nodes == 1  # DP fits at 1 node
+    with pytest.raises(SpecError, match=r"no plan of \['zero1'\] fits up to 1 nodes "
+                                        r"\(plain DP does from 1\)"):
+        plan_jobsets([spec], large_every=1, dp_nodes=(1, 1), layout="one-gpu", bases=("zero1",))
+    with pytest.raises(SpecError, match="data parallelism never fits up to 1 nodes"):
+        plan_jobsets([spec], large_every=1, dp_nodes=(2, 2), layout="one-gpu")
+
+
+def test_compare_plans_reports_a_layout_given_as_a_node_layout_by_name() -> None:
+    """``compare_plans(layout=NodeLayout(...))`` (accepted, as by plan_jobsets) reported the
+    object itself, which ``bench plans``' JSON output cannot serialise."""
+    import json
+
+    from malleparsl.sim.plans import LAYOUTS, compare_plans
+
+    row = compare_plans(nodes="0:4", hours=1, limit=3, samples_scale=0.05,
+                        layout=LAYOUTS["one-gpu"])
+    assert row["layout"] == "one-gpu" and row["ranks_per_node"] == 1
+    assert json.loads(json.dumps(row, default=float))["layout"] == "one-gpu"

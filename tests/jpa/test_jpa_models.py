@@ -200,6 +200,12 @@ def test_prior_level_ignores_sizes_past_the_priors_largest():
     assert prior_level(prior, both, noise_rel=0.03) == pytest.approx(0.5)
     with pytest.raises(SpecError):
         prior_level(prior, both, noise_rel=0.03, level_sd=0.0)
+    # a "shared" size with no prior rate says nothing: the level stays shrunk (it was 2.0)
+    mean, sigma = 100.0 * n, 20.0 * n
+    mean[4], sigma[4] = 0.0, 0.0
+    holed = CurveEstimate(mean=mean, sigma=sigma, measured=(1, 2, 4, 8, 16))
+    own = Samples.of([4, 6], [400.0, 1200.0], [2.0, 2.0])
+    assert 1.0 < prior_level(holed, own, noise_rel=0.03) < 1.7
 
 
 @st.composite

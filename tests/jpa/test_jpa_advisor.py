@@ -339,3 +339,24 @@ def test_below_its_smallest_own_size_a_job_is_bounded_by_its_priors_per_node_rat
     curve = jpa.planning_curve(jpa.records["b"], 32)
     assert curve.rate(8) > 0.9 * 600.0
     assert curve.rate(4) <= 1.1 * 4 * 100.0  # no super-linear promise from the prior's 1 node
+
+
+def test_a_prior_from_a_smaller_job_of_the_model_is_not_levelled_past_its_largest_size():
+    """Jobs of one model may differ in max_nodes: a finished job of 16 nodes at most leaves a
+    prior flat past 16; a job of 64 reading 4400/s at 44 (the same 100/s per node) was planned
+    at 290/s on one node (the prior levelled 2.7x up by 4400 / 1600)."""
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    jpa.register(JobSpec("a", max_nodes=16, model="bert"), 0.0)
+    t = 0.0
+    for k in (1, 2, 4, 8, 16):
+        for _ in range(3):
+            t += 10.0
+            jpa.observe("a", k, 100.0 * k, t)
+    jpa.forget("a")
+    jpa.register(JobSpec("b", max_nodes=64, model="bert"), t)
+    for _ in range(2):
+        t += 10.0
+        jpa.observe("b", 44, 4400.0, t)
+    est = jpa.records["b"].estimate(64, default_noise=0.03)
+    for k in (1, 4, 16):
+        assert est.mean[k] == pytest.approx(100.0 * k, rel=0.1)

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from malleparsl.errors import SpecError
-from malleparsl.jpa.estimate import estimate, pooled_noise, scaled_prior
+from malleparsl.jpa.estimate import CurveEstimate, estimate, pooled_noise, prior_level, scaled_prior
 from malleparsl.jpa.models import AMDAHL, FULL, LINEAR, SYNC, Samples, amdahl_params, fit, predict
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -186,3 +186,55 @@ def test_prior_level_is_not_set_by_a_size_the_prior_never_measured():
     # readings at a size the prior measured set the level, unshrunk: half as fast is half
     half = Samples.of([8, 44], [400.0, 2200.0], [4.0, 2.0])
     assert prior_level(prior, half, noise_rel=0.03) == pytest.approx(0.5, rel=0.02)
+
+
+def test_prior_level_ignores_sizes_past_the_priors_largest():
+    """A prior from a job of 16 nodes at most is flat past 16, with the sigma of its 16: a job of
+    the same model reading at 44 was levelled 2.7x up by it (every prior point with it)."""
+    from malleparsl.jpa.estimate import CurveEstimate, prior_level
+
+    n = np.arange(17, dtype=float)
+    prior = CurveEstimate(mean=100.0 * n, sigma=2.0 * n, measured=(1, 2, 4, 8, 16))
+    assert prior_level(prior, Samples.of([44], [4400.0], [2.0]), noise_rel=0.03) == 1.0
+    both = Samples.of([8, 44], [400.0, 2200.0], [4.0, 2.0])  # a shared size decides alone
+    assert prior_level(prior, both, noise_rel=0.03) == pytest.approx(0.5)
+    with pytest.raises(SpecError):
+        prior_level(prior, both, noise_rel=0.03, level_sd=0.0)
+    # a "shared" size with no prior rate says nothing: the level stays shrunk (it was 2.0)
+    mean, sigma = 100.0 * n, 20.0 * n
+    mean[4], sigma[4] = 0.0, 0.0
+    holed = CurveEstimate(mean=mean, sigma=sigma, measured=(1, 2, 4, 8, 16))
+    own = Samples.of([4, 6], [400.0, 1200.0], [2.0, 2.0])
+    assert 1.0 < prior_level(holed, own, noise_rel=0.03) < 1.7
+
+
+@st.composite
+def _prior_and_job(draw):
+    n_max = draw(st.integers(1, 40))
+    rates = draw(st.lists(st.just(0.0) | st.floats(1e-3, 1e6), min_size=n_max, max_size=n_max))
+    rel = draw(st.lists(st.floats(0.0, 10.0), min_size=n_max, max_size=n_max))
+    mean = np.array([0.0, *rates])
+    sigma = np.array([0.0, *rel]) * mean
+    measured = tuple(sorted(draw(st.sets(st.integers(1, n_max), min_size=1, max_size=6))))
+    sizes = sorted(draw(st.sets(st.integers(1, 2 * n_max + 4), min_size=1, max_size=6)))
+    own = draw(st.lists(st.floats(1e-3, 1e6), min_size=len(sizes), max_size=len(sizes)))
+    counts = draw(st.lists(st.floats(0.1, 20.0), min_size=len(sizes), max_size=len(sizes)))
+    return CurveEstimate(mean=mean, sigma=sigma, measured=measured), Samples.of(sizes, own, counts)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_prior_and_job(), noise=st.floats(0.0, 0.5), scale=st.floats(0.01, 100.0))
+def test_prior_level_is_finite_positive_and_exact_for_a_scaled_copy(case, noise, scale):
+    """Whatever the prior (zero rates, zero or huge sigma, sizes the job never ran) and the job
+    (one reading, sizes past the prior's largest, holes): a finite positive level; for a job
+    that is the prior times ``scale`` at a size the prior measured, exactly ``scale``."""
+    prior, own = case
+    level = prior_level(prior, own, noise_rel=noise)
+    assert np.isfinite(level) and level > 0
+    m = prior.measured[0]
+    if prior.rate(m) > 0:
+        copy = Samples.of([m], [scale * prior.rate(m)], [1.0])
+        assert prior_level(prior, copy, noise_rel=noise) == pytest.approx(scale, rel=1e-9)
+        ok = [k for k in prior.measured if prior.rate(k) > 0]
+        same = Samples.of(ok, [prior.rate(k) for k in ok], [3.0] * len(ok))
+        assert prior_level(prior, same, noise_rel=noise) == pytest.approx(1.0, rel=1e-9)

@@ -237,9 +237,14 @@ def plan_job(
     rpn, budget = lay.ranks_per_node, lay.node_bytes
     meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": gb,
             "ranks_per_node": rpn}
-    n_dp = PlanOptions(prof, gb, budget, ("dp",), rpn).min_nodes(spec.max_nodes)
-    dp = None if n_dp is None else dataclasses.replace(
-        spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta)
+    dp_opts = PlanOptions(prof, gb, budget, ("dp",), rpn)
+    if spec.min_nodes > dp_opts.max_batch_nodes:
+        raise SpecError(f"job {spec.job_id!r}: min_nodes={spec.min_nodes} is too large: "
+                        f"{dp_opts.batch_text(spec.min_nodes)}")
+    n_dp = dp_opts.min_nodes(spec.max_nodes)
+    dp = None if n_dp is None else dataclasses.replace(  # no rank without a sample: capped
+        spec, min_nodes=max(spec.min_nodes, n_dp),
+        max_nodes=min(spec.max_nodes, dp_opts.max_batch_nodes), meta=meta)
     pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts(), rpn),
                           global_batch=gb, budget=budget, n_max=spec.max_nodes, bases=bases,
                           name=spec.job_id, ranks_per_node=rpn)
@@ -270,6 +275,9 @@ def plan_jobsets(
     A large job that DP cannot run at any size is refused (SpecError): the DP-only set would
     have to drop it or never finish it, and either compares feasibility, not allocation.
     """
+    if isinstance(large_every, bool) or not isinstance(large_every, int) or large_every < 1:
+        raise SpecError(f"large_every must be an integer >= 1 (every large_every-th job is "
+                        f"large; 1: all), got {large_every!r}")
     lay = node_layout(layout)
     gb = global_batch or lay.global_batch
     rng = np.random.default_rng(seed)

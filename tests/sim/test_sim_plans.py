@@ -310,3 +310,27 @@ def test_compare_plans_reports_a_layout_given_as_a_node_layout_by_name() -> None
                         layout=LAYOUTS["one-gpu"])
     assert row["layout"] == "one-gpu" and row["ranks_per_node"] == 1
     assert json.loads(json.dumps(row, default=float))["layout"] == "one-gpu"
+
+
+def test_summit_at_global_batch_256_caps_jobs_where_every_rank_has_a_sample() -> None:
+    """Summit's 6 ranks a node with global batch 256: 43 nodes are 258 ranks, two without a
+    sample (old code: 64 nodes ran 384 ranks at a local batch of 1, 128 ranks idle). Both
+    versions of a large job stop at 42 nodes; a job whose minimum is past that is refused."""
+    import dataclasses
+
+    jobs = [j for j in load_jobset("imagenet", limit=12) if j.max_nodes > 42][:1]
+    assert jobs, "needs an imagenet job allowed more than 42 nodes"
+    dp_only, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), global_batch=256)
+    assert dp_only[0].max_nodes == 42 and max(aware[0].meta["plans"]) == 42
+    assert aware[0].curve.rate(43) == 0.0 < aware[0].curve.rate(42)
+    late = dataclasses.replace(jobs[0], min_nodes=43)
+    with pytest.raises(SpecError, match=r"43 node\(s\) x ranks_per_node=6 = 258 ranks exceed "
+                       r"global_batch=256"):
+        plan_jobsets([late], large_every=1, dp_nodes=(4, 4), global_batch=256)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_plan_jobsets_refuses_a_bad_large_every(bad: object) -> None:
+    """Old code: ZeroDivisionError (0), a silent all-small or odd split (others)."""
+    with pytest.raises(SpecError, match=r"large_every must be an integer >= 1.*got"):
+        plan_jobsets(load_jobset("imagenet", limit=3), large_every=bad)

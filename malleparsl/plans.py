@@ -243,7 +243,10 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
     local batch halved down to 1 (a micro-batch no larger than needed). Sharded plans need 2
     ranks; FSDP2 also a global batch that splits evenly (equal local batches, so every rank
     runs as many passes: each pass holds collectives, and an extra one on one rank would hang
-    the others)."""
+    the others). None at more ranks than the global batch has samples: some rank would get no
+    sample and its node would train nothing (see :attr:`PlanOptions.max_batch_nodes`)."""
+    if n > global_batch:
+        return []
     local = local_batch(global_batch, n)
     mbs: list[int | None] = [None]
     m = local
@@ -308,6 +311,18 @@ class PlanOptions:
     def ranks(self, nodes: int) -> int:
         return nodes * self.ranks_per_node
 
+    @property
+    def max_batch_nodes(self) -> int:
+        """The most nodes whose ranks all get a sample of the global batch: no plan runs above
+        (a rank beyond the global batch's samples would hold a node and train nothing)."""
+        return self.global_batch // self.ranks_per_node
+
+    def batch_text(self, nodes: int) -> str:
+        """Why ``nodes`` is too large for the global batch, for error messages."""
+        return (f"{nodes} node(s) x ranks_per_node={self.ranks_per_node} = "
+                f"{self.ranks(nodes)} ranks exceed global_batch={self.global_batch} (every rank "
+                f"needs a sample: at most {self.max_batch_nodes} node(s))")
+
     def node_peak(self, plan: ExecPlan, nodes: int) -> float:
         """Bytes one node needs: its ranks' predicted peaks together."""
         mem = plan_memory(self.profile, plan, n=self.ranks(nodes), global_batch=self.global_batch)
@@ -329,6 +344,8 @@ class PlanOptions:
 
         Raises :class:`MemoryBudgetError` when the allowed families have no plan at all at
         this size (ZeRO-1 on one rank; ``accum`` once the local batch is 1 sample)."""
+        if nodes > self.max_batch_nodes:
+            raise MemoryBudgetError(f"no plan runs: {self.batch_text(nodes)}")
         cands = candidate_plans(self.global_batch, self.ranks(nodes), bases=self.bases)
         if not cands:
             raise MemoryBudgetError(
@@ -401,19 +418,29 @@ def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> Plan
 def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: int, max_nodes: int,
                   *, ranks_per_node: int = 1) -> int:
     """The job's minimum size raised to the smallest size some allowed plan fits (at or above
-    ``min_nodes``: runnable sizes can have holes, e.g. FSDP2 where the batch does not split)."""
+    ``min_nodes``: runnable sizes can have holes, e.g. FSDP2 where the batch does not split).
+
+    No plan runs where the ranks outnumber the global batch's samples; a ``min_nodes`` already
+    there is refused (SpecError naming global_batch, ranks_per_node and the size)."""
     got = options if isinstance(options, PlanOptions) or options is None else plan_options(
         options, ranks_per_node=ranks_per_node)
     if got is None:
         return min_nodes
-    n = got.min_nodes(max_nodes)
+    if min_nodes > got.max_batch_nodes:
+        raise SpecError(f"min_nodes={min_nodes} is too large: {got.batch_text(min_nodes)}; "
+                        "lower min_nodes or raise global_batch")
+    hi = min(max_nodes, got.max_batch_nodes)  # no plan runs above
+    n = got.min_nodes(hi)
     if n is None:
-        _, least = got.leanest_need(max_nodes)  # raises when no plan runs there at all
+        _, least = got.leanest_need(hi)  # raises when no plan runs there at all
+        at = f"max_nodes={max_nodes}" if hi == max_nodes else (
+            f"{hi} node(s), the most global_batch={got.global_batch} gives every rank a sample")
         raise MemoryBudgetError(
             f"no plan among {list(got.bases)} fits {got.budget_text()} even at "
-            f"max_nodes={max_nodes} (the leanest needs {least / 2**20:.1f} MiB with "
-            f"{got.ranks_per_node} rank(s) per node); raise max_nodes, allow more plans "
-            "(plans=[...]) or run on nodes with more memory"
+            f"{at} (the leanest needs {least / 2**20:.1f} MiB with "
+            f"{got.ranks_per_node} rank(s) per node); "
+            f"{'raise max_nodes' if hi == max_nodes else 'raise global_batch'}, allow more "
+            "plans (plans=[...]) or run on nodes with more memory"
         )
     lo = max(min_nodes, n)
     first = next((k for k in range(lo, max_nodes + 1) if got.feasible(k)), None)

@@ -95,16 +95,25 @@ class PlanCosts:
 
     recompute_frac: float = 1 / 3  # one more forward: a third of forward + backward
     micro_batch_s: float = 0.004  # per extra micro-batch (launches, optimizer-free pass)
-    link_bytes_per_s: float = 12.5e9  # EDR InfiniBand, 2 x 100 Gb/s per node
+    # one EDR InfiniBand rail, 100 Gb/s; a Summit node has two (2 x 100 Gb/s = 25 GB/s, OLCF
+    # quotes 23 GB/s injection): up to 2x pessimistic across nodes, kept so the documented
+    # figures hold (docs/plans.md, "Costs")
+    link_bytes_per_s: float = 12.5e9
     latency_s: float = 10e-6  # per extra collective round and log2(n) (a ring step over IB)
     intra_node_bytes_per_s: float = 50e9  # NVLink 2.0 between a Summit node's V100s
+    # a ring step over NVLink, all ranks on one node (NCCL's tuning model: 3.4 us for NVLink,
+    # Simple protocol, against 9.6 us over the network); assumed, not measured here
+    intra_node_latency_s: float = 3.4e-6
 
     def extra_s(self, prof: MemoryProfile, plan: ExecPlan, n: int, global_batch: int,
                 s_per_sample: float, *, nodes: int | None = None) -> float:
         """Seconds one step of ``plan`` at ``n`` ranks on ``nodes`` nodes (default ``n``)
         takes beyond DP's; ``s_per_sample``: one rank's compute per sample. Collectives
-        inside one node run over :attr:`intra_node_bytes_per_s`."""
-        link = self.intra_node_bytes_per_s if (nodes or n) == 1 else self.link_bytes_per_s
+        inside one node run over :attr:`intra_node_bytes_per_s` with
+        :attr:`intra_node_latency_s`."""
+        one_node = (nodes or n) == 1
+        link = self.intra_node_bytes_per_s if one_node else self.link_bytes_per_s
+        latency = self.intra_node_latency_s if one_node else self.latency_s
         loc = local_batch(global_batch, n)
         mb = min(loc, plan.micro_batch or loc)
         k = math.ceil(loc / mb)
@@ -116,7 +125,7 @@ class PlanCosts:
             t += (n - 1) / n * w / link
         if plan.fsdp and n > 1:
             t += (3 * k - 2) * (n - 1) / n * w / link
-            t += (3 * k - 1) * math.log2(n) * self.latency_s
+            t += (3 * k - 1) * math.log2(n) * latency
         return t
 
 
@@ -237,9 +246,14 @@ def plan_job(
     rpn, budget = lay.ranks_per_node, lay.node_bytes
     meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": gb,
             "ranks_per_node": rpn}
-    n_dp = PlanOptions(prof, gb, budget, ("dp",), rpn).min_nodes(spec.max_nodes)
-    dp = None if n_dp is None else dataclasses.replace(
-        spec, min_nodes=max(spec.min_nodes, n_dp), meta=meta)
+    dp_opts = PlanOptions(prof, gb, budget, ("dp",), rpn)
+    if spec.min_nodes > dp_opts.max_batch_nodes:
+        raise SpecError(f"job {spec.job_id!r}: min_nodes={spec.min_nodes} is too large: "
+                        f"{dp_opts.batch_text(spec.min_nodes)}")
+    n_dp = dp_opts.min_nodes(spec.max_nodes)
+    dp = None if n_dp is None else dataclasses.replace(  # no rank without a sample: capped
+        spec, min_nodes=max(spec.min_nodes, n_dp),
+        max_nodes=min(spec.max_nodes, dp_opts.max_batch_nodes), meta=meta)
     pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts(), rpn),
                           global_batch=gb, budget=budget, n_max=spec.max_nodes, bases=bases,
                           name=spec.job_id, ranks_per_node=rpn)
@@ -270,6 +284,9 @@ def plan_jobsets(
     A large job that DP cannot run at any size is refused (SpecError): the DP-only set would
     have to drop it or never finish it, and either compares feasibility, not allocation.
     """
+    if isinstance(large_every, bool) or not isinstance(large_every, int) or large_every < 1:
+        raise SpecError(f"large_every must be an integer >= 1 (every large_every-th job is "
+                        f"large; 1: all), got {large_every!r}")
     lay = node_layout(layout)
     gb = global_batch or lay.global_batch
     rng = np.random.default_rng(seed)

@@ -513,3 +513,35 @@ def test_a_job_with_no_plan_within_its_bounds_is_given_no_nodes() -> None:
         ctl.submit(spec, now_s=0)
         ctl.replan(now_s=0)
         assert ctl.allocation.size("f") == 0, name
+
+
+def test_no_plan_runs_where_the_ranks_outnumber_the_global_batch() -> None:
+    """Global batch 4, 2 ranks a node: at 3 nodes (6 ranks) two ranks would get no sample (old
+    code: every plan "fit" there, the live split gave them local batch 0 and their nodes
+    trained nothing). No plan runs above 2 nodes: the profiler's view stops at 2 with the job
+    still free to 2; a min_nodes of 3 is refused at submit naming the three values."""
+    from malleparsl.allocator.base import ClusterSnapshot, JobView
+    from malleparsl.apps.sharding import GlobalBatchSampler
+    from malleparsl.model import ScalingCurve
+
+    assert GlobalBatchSampler(dataset_size=8, global_batch=4, world_size=6,
+                              rank=5).plan.local_batch == 0  # what the live split does
+    opts = PlanOptions(PROF, 4, None, ranks_per_node=2)
+    assert opts.feasible(2) and opts.feasible(3) == [] and opts.max_batch_nodes == 2
+    with pytest.raises(MemoryBudgetError, match=r"6 ranks exceed global_batch=4"):
+        JobPlans(opts).choose(3)
+    job = {"job_id": "b", "max_nodes": 4, "memory_profile": PROF.as_dict(), "global_batch": 4,
+           "total_samples": 1e6}
+    spec = spec_from_options(job, ranks_per_node=2)
+    prof = PlanProfiler()
+    prof.register(spec, now_s=0)
+    snap = ClusterSnapshot(now_s=0, nodes=("a", "b", "c", "d"))
+    view = prof.adjust(snap, [JobView(spec, ScalingCurve((1, 4), (1.0, 4.0)))])[0]
+    assert (view.min_nodes, view.max_nodes) == (1, 2)
+    with pytest.raises(SpecError, match=r"min_nodes=3 is too large: 3 node\(s\) x "
+                       r"ranks_per_node=2 = 6 ranks exceed global_batch=4 .*at most 2 node"):
+        spec_from_options({**job, "min_nodes": 3}, ranks_per_node=2)
+    # memory needs more nodes than the batch allows: said so, not "raise max_nodes"
+    with pytest.raises(MemoryBudgetError, match=r"even at 2 node\(s\), the most global_batch=4"
+                       r".*raise global_batch"):
+        min_nodes_for(PlanOptions(PROF, 4, 60 * MIB, ranks_per_node=2), 1, 8)

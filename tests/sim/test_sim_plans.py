@@ -310,3 +310,58 @@ def test_compare_plans_reports_a_layout_given_as_a_node_layout_by_name() -> None
                         layout=LAYOUTS["one-gpu"])
     assert row["layout"] == "one-gpu" and row["ranks_per_node"] == 1
     assert json.loads(json.dumps(row, default=float))["layout"] == "one-gpu"
+
+
+def test_summit_at_global_batch_256_caps_jobs_where_every_rank_has_a_sample() -> None:
+    """Summit's 6 ranks a node with global batch 256: 43 nodes are 258 ranks, two without a
+    sample (old code: 64 nodes ran 384 ranks at a local batch of 1, 128 ranks idle). Both
+    versions of a large job stop at 42 nodes; a job whose minimum is past that is refused."""
+    import dataclasses
+
+    jobs = [j for j in load_jobset("imagenet", limit=12) if j.max_nodes > 42][:1]
+    assert jobs, "needs an imagenet job allowed more than 42 nodes"
+    dp_only, aware = plan_jobsets(jobs, large_every=1, dp_nodes=(4, 4), global_batch=256)
+    assert dp_only[0].max_nodes == 42 and max(aware[0].meta["plans"]) == 42
+    assert aware[0].curve.rate(43) == 0.0 < aware[0].curve.rate(42)
+    late = dataclasses.replace(jobs[0], min_nodes=43)
+    with pytest.raises(SpecError, match=r"43 node\(s\) x ranks_per_node=6 = 258 ranks exceed "
+                       r"global_batch=256"):
+        plan_jobsets([late], large_every=1, dp_nodes=(4, 4), global_batch=256)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_plan_jobsets_refuses_a_bad_large_every(bad: object) -> None:
+    """Old code: ZeroDivisionError (0), a silent all-small or odd split (others)."""
+    with pytest.raises(SpecError, match=r"large_every must be an integer >= 1.*got"):
+        plan_jobsets(load_jobset("imagenet", limit=3), large_every=bad)
+
+
+def test_fsdp_inside_one_summit_node_pays_nvlink_latency_not_infinibands() -> None:
+    """FSDP2 over one node's 6 ranks: its extra rounds are ring steps over NVLink
+    (``intra_node_latency_s``), over 2 nodes over InfiniBand (``latency_s``); old code charged
+    InfiniBand's 10 us inside the node too."""
+    import math
+
+    from malleparsl.model import ScalingCurve
+    from malleparsl.plans import MemoryProfile
+    from malleparsl.sim.plans import MeasuredPlusPlanCosts, PlanCosts
+
+    params = 10_000_000
+    prof = MemoryProfile(params=params, act_per_sample=1e6, act_ckpt_per_sample=1e5)
+    dp = ScalingCurve((1, 2), (600.0, 1150.0))
+    costs = PlanCosts()
+    perf = MeasuredPlusPlanCosts(prof, dp, costs, ranks_per_node=6)
+    w, gb = 4 * params, 1536  # 256 samples a rank at 1 node: 4 micro-batches of 64
+    plan = parse_plan("fsdp@mb=64")
+    slow_ib = MeasuredPlusPlanCosts(prof, dp, PlanCosts(latency_s=1.0), ranks_per_node=6)
+    assert slow_ib.step_time(plan, n=6, global_batch=gb) == perf.step_time(plan, n=6,
+                                                                           global_batch=gb)
+    assert costs.intra_node_latency_s < costs.latency_s
+    for nodes, bw, lat in ((1, costs.intra_node_bytes_per_s, costs.intra_node_latency_s),
+                           (2, costs.link_bytes_per_s, costs.latency_s)):
+        n = 6 * nodes
+        k = math.ceil(gb / n / 64)
+        extra = (costs.micro_batch_s * (k - 1) + (3 * k - 2) * (n - 1) / n * w / bw
+                 + (3 * k - 1) * math.log2(n) * lat)
+        got = perf.step_time(plan, n=n, global_batch=gb)
+        assert got == pytest.approx(gb / dp.rate(nodes) + extra, rel=1e-12)

@@ -234,6 +234,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         eps = 1e-6 * max([self._per_node(r) for r in recs if r.job_id in known] + [1.0])
         out = []
         for js, rec in zip(jobs, recs):
+            # progress the controller reports (0 until one is: the executor may report none)
+            rec.done_reported = js.done_samples if js.done_samples > 0 else None
             spec = self._spec_with_pauses(rec)
             current = allocation.nodes_of(rec.job_id)
             n_tab = max(spec.min_nodes, min(spec.max_nodes, max(n_nodes, 1)))
@@ -374,12 +376,17 @@ class JobProfilingAdvisor(CurveAdvisor):
 
     def _nearly_done(self, rec: JobRecord) -> bool:
         """Whether the job's remaining work, at the best rate it measured, is shorter than
-        ``explore_min_s``: measuring a new size (a pause, a warm-up, a reading) would not pay."""
+        ``explore_min_s``: measuring a new size (a pause, a warm-up, a reading) would not pay.
+
+        The work done is the controller's reported progress where it has one (exact), else the
+        JPA's own integral of the rates (``done_est``: off by the error of the rates assumed
+        at unmeasured sizes)."""
         total = rec.spec.total_samples
         if not math.isfinite(total) or not rec.obs:
             return False
         best = max(float(np.mean(x)) for x in rec.obs.values() if x)
-        return best > 0 and (total - rec.done_est) / best < self.explore_min_s
+        done = rec.done_est if rec.done_reported is None else rec.done_reported
+        return best > 0 and (total - done) / best < self.explore_min_s
 
     def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
         """The best samples/s per node seen (own data, else the prior): the linear bound."""

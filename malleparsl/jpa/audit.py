@@ -120,7 +120,8 @@ class DecisionAudit(AllocationPolicy):
         return alloc
 
     def _score(self, snap: ClusterSnapshot, jobs: Sequence[JobView], alloc: Allocation) -> Decision:
-        true = [self._true_view(v) for v in jobs]
+        probed = set(self.advisor.probe_requests()) if self.advisor is not None else set()  # type: ignore[attr-defined]
+        true = [self._true_view(v, v.job_id in probed) for v in jobs]
         n, tfwd = len(snap.nodes), snap.tfwd_s
         sizes = {v.job_id: alloc.size(v.job_id) for v in jobs}
         chosen = sum(float(job_values(v, np.asarray([sizes[v.job_id]]), tfwd)[0]) for v in true)
@@ -134,12 +135,21 @@ class DecisionAudit(AllocationPolicy):
         return Decision(snap.now_s, chosen, best, b_p, b_pu, bool(probes), rate_c, rate_b,
                         tfwd * rate_c - chosen, tfwd * rate_b - best)
 
-    def _true_view(self, v: JobView) -> JobView:
+    def _true_view(self, v: JobView, probed: bool = False) -> JobView:
+        """The view with the true spec and curve; its bounds, runnable sizes and progress kept.
+
+        Those are constraints of the job, not beliefs: a size with no plan (``sizes``) or out
+        of bounds cannot be the optimum either. Except a probe's bounds (``probed``: the JPA
+        pins the job to the probe size): the optimum is taken without them, so what probing
+        costs shows as ``de_loss_probe`` (module docstring) instead of vanishing.
+        """
         spec = self.truth.get(v.job_id)
         if spec is None:
             raise SpecError(f"DecisionAudit: no true spec for job {v.job_id!r}")
-        return JobView(spec, spec.curve, v.current, remaining_samples=v.remaining_samples,  # type: ignore[arg-type]
-                       attained_samples=v.attained_samples)
+        lo, hi = (None, None) if probed else (v.min_nodes, v.max_nodes)
+        return JobView(spec, spec.curve, v.current, lo, hi,  # type: ignore[arg-type]
+                       remaining_samples=v.remaining_samples,
+                       attained_samples=v.attained_samples, sizes=v.sizes)
 
     def _constrained(self, jobs: Sequence[JobView], sizes: Mapping[str, int]) -> tuple[set[str], set[str]]:
         """(jobs being probed at their probe size, unpredictable jobs not being probed)."""

@@ -63,6 +63,7 @@ class JobRecord:
     version: int = 0
     attained_ns: float = 0.0
     done_est: float = 0.0  # samples trained, integrated from the rates measured or predicted
+    done_reported: float | None = None  # samples trained, as the controller last reported (None: no report)
     probe_ns: float = 0.0
     probe: Probe | None = None
     probe_failures: int = 0

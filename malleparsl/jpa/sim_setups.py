@@ -67,7 +67,11 @@ class LinearFromOneNode(CurveAdvisor):
             curve = ScalingCurve((1, hi) if hi > 1 else (1,),
                                  tuple(self._r1[spec.job_id] * k for k in ((1, hi) if hi > 1 else (1,))),
                                  name=spec.job_id)
-            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id)))
+            # the progress the controller reports, as KnownCurves and the JPA give it: policies
+            # that value a grow over the job's remaining time need it
+            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id),
+                               remaining_samples=max(0.0, spec.total_samples - js.done_samples),
+                               attained_samples=js.done_samples))
         return out
 
 

@@ -87,6 +87,30 @@ def test_a_wrong_curve_costs_efficiency_the_true_one_does_not():
         DecisionAudit({"a": JobSpec("a")})
 
 
+def test_the_optimum_honours_the_views_bounds_and_plan_holes_not_a_probes():
+    """A size the job cannot run at (a plan hole, a bound the controller set) is no optimum
+    either; before, the audit dropped them and charged the policy for not choosing it. A
+    probe's bounds are dropped on purpose: the probe's cost is ``de_loss_probe``."""
+    spec = JobSpec("a", max_nodes=8, curve=LINEAR)
+    snap = ClusterSnapshot(now_s=0, nodes=tuple(f"n{i}" for i in range(3)))
+    hidden = dataclasses.replace(spec, curve=None)
+    for view in (JobView(hidden, LINEAR, sizes=(1, 2, 4)), JobView(hidden, LINEAR, max_nodes=2)):
+        audit = DecisionAudit({"a": spec}, make_policy("milp"))
+        assert audit.allocate(snap, [view]).size("a") == 2  # 3 is a hole / out of bounds
+        assert audit.summary(10.0)["decision_eff"] == pytest.approx(100.0)  # was 2/3
+
+    class Probing:  # an advisor probing "a" at 1 node (the JPA's interface the audit reads)
+        records: dict = {}
+
+        def probe_requests(self):
+            return {"a": 1}
+
+    audit = DecisionAudit({"a": spec}, make_policy("milp"), Probing())
+    assert audit.allocate(snap, [JobView(hidden, LINEAR, min_nodes=1, max_nodes=1)]).size("a") == 1
+    s = audit.summary(10.0)
+    assert s["decision_eff"] == pytest.approx(100 / 3) and s["de_loss_probe"] == pytest.approx(200 / 3)
+
+
 def _run(jobs, *, hide, truth=None, **adv_kw):
     frags = synthetic_fragments(n_nodes=24, duration_s=5 * 3600, mean_idle_s=5000,
                                 mean_busy_s=2000, seed=2)

@@ -63,6 +63,22 @@ def test_setups_are_registered_and_hide_curves():
     assert not hide and type(lin).__name__ == "LinearFromOneNode"
 
 
+def test_linear_from_one_node_views_carry_the_reported_progress():
+    """Like KnownCurves and the JPA: a policy valuing a grow over the job's remaining time
+    (hold, priorities) must see the samples left, not the spec's total."""
+    from malleparsl.allocator.base import ClusterSnapshot
+    from malleparsl.controller import JobState
+    from malleparsl.jpa.sim_setups import LinearFromOneNode
+    from malleparsl.model import Allocation, JobSpec, ScalingCurve
+
+    spec = JobSpec("a", max_nodes=4, total_samples=1e6, curve=ScalingCurve((1, 4), (10.0, 40.0)))
+    snap = ClusterSnapshot(now_s=0.0, nodes=("n0", "n1"))
+    (v,) = LinearFromOneNode(noise=0.0).views(snap, [JobState(spec, done_samples=4e5)],
+                                              Allocation({}))
+    assert v.remaining == pytest.approx(6e5) and v.attained_samples == 4e5
+    assert v.curve.rate(4) == pytest.approx(40.0)  # linear from the one-node rate
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_generated_shapes_are_what_they_claim(shape):
     import numpy as np

@@ -211,3 +211,27 @@ def test_bench_jpa_on_the_zoo_prints_rows_and_the_held_out_summary():
     assert parts == {"tuned", "held-out"}
     bad = CliRunner().invoke(app, ["bench", "jpa", "--jobs", "zoo:nope", "--nodes", "0:16"])
     assert bad.exit_code != 0
+
+
+def test_nearly_done_uses_the_reported_progress_else_its_own_estimate():
+    """The remaining-work check reads the controller's reported progress where there is one:
+    the JPA's own integral (``done_est``) only counts the node-time it saw allocated, so a job
+    whose progress came from before (or off) its accounting looked 10 h from done."""
+    from malleparsl.allocator.base import ClusterSnapshot
+    from malleparsl.controller import JobState
+    from malleparsl.model import Allocation
+
+    spec = JobSpec("s", max_nodes=16, total_samples=100.0 * 36000)  # 10 h at 2 nodes
+    snap = ClusterSnapshot(now_s=10.0, nodes=tuple(f"n{i}" for i in range(16)))
+
+    def plan(done):
+        jpa = JobProfilingAdvisor(warmup_obs=0, explore_min_s=3600.0)
+        jpa.register(spec, now_s=0)
+        for t in range(2):
+            jpa.observe("s", 2, 100.0, now_s=float(t))
+        return jpa.views(snap, [JobState(spec, done_samples=done)], Allocation({}))[0].curve
+
+    near = plan(spec.total_samples - 100.0 * 1800)  # 30 min left at 2 nodes
+    assert near.rate(16) == pytest.approx(near.rate(2))  # stays where measured
+    far = plan(0.0)  # no report: the estimate (nothing done) -> worth measuring more sizes
+    assert far.rate(16) > far.rate(2)

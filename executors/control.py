@@ -404,6 +404,9 @@ class ControlLoop:
             if prog is not None and job_id in self.controller.jobs:
                 self.controller.observe(job_id, n_nodes=prog.nodes, samples_per_s=prog.samples_per_s,
                                         now_s=now, plan=prog.plan)
+                if prog.samples is not None:  # policies and the JPA read what remains, as in
+                    # the simulator (engine.py reports it at every event)
+                    self.controller.report_progress(job_id, samples_done=prog.samples)
                 self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up

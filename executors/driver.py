@@ -104,11 +104,13 @@ class RescaleRecord:
 
 @dataclass(frozen=True)
 class ProgressReading:
-    """A new progress record of the running segment: its size, rate and execution plan."""
+    """A new progress record of the running segment: its size, rate, execution plan and the
+    samples the whole job has trained (as of rank 0's record; None if the record has none)."""
 
     nodes: int
     samples_per_s: float
     plan: ExecPlan | None  # None: the job runs a fixed plan of its own (no automatic plans)
+    samples: float | None = None
 
 
 @dataclass
@@ -540,7 +542,9 @@ class MalleableJob:
             if r.segment == seg.index and r.first_step_s is None and first:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
-        return ProgressReading(len(seg.nodes), float(rate), seg.plan)
+        done = rec.get("samples")
+        return ProgressReading(len(seg.nodes), float(rate), seg.plan,
+                               None if done is None else float(done))
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -145,3 +145,28 @@ def test_a_failed_replan_does_not_fail_a_job_on_the_kept_allocation(tmp_path, mo
     monkeypatch.setattr(loop.controller, "replan", broken)
     loop._replan()
     assert not job.future.done() and job.segment is None
+
+
+def test_the_control_loop_reports_the_jobs_trained_samples_to_the_controller(tmp_path) -> None:
+    """Live as in the simulator, policies and the JPA see what a job has left: the samples in
+    rank 0's progress record reach ``Controller.report_progress`` (they were never reported
+    live, so every view showed the spec's whole total as remaining)."""
+    from malleparsl.executors.control import ControlLoop
+
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=2, total_samples=1000.0), entry=print,
+                       options={"job_id": "p"}, executor=ex, store=store, store_host="h",
+                       store_port=1, ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None,
+                       clock=lambda: 5.0)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    assert job.segment is not None
+    store.set(progress_key("p", job.segment.index),
+              json.dumps({"time": 7.0, "samples_per_s": 50.0, "samples": 300.0}))
+    assert job.read_progress() == ProgressReading(2, 50.0, None, 300.0)
+    store.set(progress_key("p", job.segment.index),
+              json.dumps({"time": 8.0, "samples_per_s": 50.0, "samples": 400.0}))
+    loop._tick()
+    assert loop.controller.jobs["p"].done_samples == 400.0

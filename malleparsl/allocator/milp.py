@@ -210,6 +210,7 @@ class MilpPolicy(AllocationPolicy):
         exposure: str | bool = "none",
         arrivals: str | bool = False,
         refill: str = "none",
+        slot: int | None = None,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -261,6 +262,11 @@ class MilpPolicy(AllocationPolicy):
         if refill not in REFILLS:
             raise SpecError(f"refill must be one of {', '.join(REFILLS)}, got {refill!r}")
         self.refill = refill
+        if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 1):
+            raise SpecError(f"slot must be the cap on active jobs (an integer >= 1) or None, got {slot!r}")
+        if slot is not None and value != "samples":
+            raise SpecError(f"slot values samples and slot time: use it with value='samples', got {value!r}")
+        self.slot = slot
         if horizon_cap_s is not None and not (
             isinstance(horizon_cap_s, (int, float)) and horizon_cap_s > 0
         ):
@@ -309,6 +315,8 @@ class MilpPolicy(AllocationPolicy):
             return Allocation.empty()
         jobs = self._ties(jobs)
         weights = work_weights(jobs, len(snapshot.nodes)) if self.value == "work" else None
+        if self.slot is not None and len(jobs) >= self.slot:
+            weights = slot_weights(jobs)
         table = full = build_options(
             snapshot,
             jobs,
@@ -592,6 +600,22 @@ def work_weights(jobs: Sequence[JobView], n_nodes: int) -> list[float]:
     return [
         j.spec.weight * (1.0 / e + TIE / e_max) if e > 0 else j.spec.weight
         for j, e in zip(jobs, eff)
+    ]
+
+
+def slot_weights(jobs: Sequence[JobView]) -> list[float]:
+    """Per job, ``weight x (1 + S / r(lo))`` with ``S`` the mean of the jobs' ``r(lo)``.
+
+    Under a binding cap a job holds a slot until it is done; a sample trained now brings that
+    forward by ``1 / r(lo)`` seconds at its smallest size (where a job the cap leaves waiting
+    would run), and a freed slot trains about ``S`` samples per second for the job it admits.
+    A job with no positive rate keeps its weight.
+    """
+    lows = [float(j.curve.rate(max(1, j.lo))) for j in jobs]
+    pos = [r for r in lows if r > 0]
+    s = sum(pos) / len(pos) if pos else 0.0
+    return [
+        j.spec.weight * (1.0 + s / r) if r > 0 else j.spec.weight for j, r in zip(jobs, lows)
     ]
 
 

@@ -266,3 +266,32 @@ def test_refill_refuses_unknown_values(bad):
         make_policy("milp-horizon", **bad)
     with pytest.raises(SpecError):
         make_policy("milp", refill="stop")  # a horizon option
+
+
+def _slot_case():
+    """F (4,000/s at 1 node, 4,100 at 2, 4,200 at 3) holds two nodes; S (50/s, one node at
+    most) waits with none; one node is free. No pauses: F's grow adds 100/s, S's start 50/s."""
+    fast_c = ScalingCurve((1, 2, 3), (4000.0, 4100.0, 4200.0))
+    slow_c = ScalingCurve((1,), (50.0,))
+    fast = JobView(JobSpec("F", max_nodes=3, curve=fast_c), fast_c, frozenset({"a", "b"}))
+    slow = JobView(JobSpec("S", max_nodes=1, curve=slow_c), slow_c)
+    return ClusterSnapshot(now_s=0.0, nodes=("a", "b", "c")), [fast, slow]
+
+
+def test_slot_values_the_slot_a_job_frees_when_the_cap_binds():
+    """S = (4,000 + 50) / 2 = 2,025. F's grow: 100 x (1 + 2,025 / 4,000) = 151; S's start:
+    50 x (1 + 2,025 / 50) = 2,075. Under a binding cap (2 active jobs, ``slot=2``) S starts
+    (a sample of S frees its slot 1/50 s sooner); below the cap the weights are 1 and F grows."""
+    snap, jobs = _slot_case()
+    assert make_policy("milp").allocate(snap, jobs).sizes() == {"F": 3}
+    assert make_policy("milp", slot=2).allocate(snap, jobs).sizes() == {"F": 2, "S": 1}
+    assert make_policy("milp", slot=3).allocate(snap, jobs).sizes() == {"F": 3}
+    got = make_policy("milp-horizon", slot=2).allocate(snap, jobs)
+    assert got.sizes() == {"F": 2, "S": 1}
+
+
+@pytest.mark.parametrize("bad", [{"slot": 0}, {"slot": True}, {"slot": 2.5},
+                                 {"slot": 2, "value": "work"}])
+def test_slot_refuses_bad_values(bad):
+    with pytest.raises(SpecError, match="slot"):
+        make_policy("milp", **bad)

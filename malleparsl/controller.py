@@ -270,6 +270,7 @@ class Controller:
             nodes=tuple(self.nodes),
             node_end_s=ends,
             tfwd_s=self.tfwd_s,
+            queued=sum(j.status is JobStatus.QUEUED for j in self.jobs.values()),
         )
 
     def _admit(self, now_s: float) -> None:

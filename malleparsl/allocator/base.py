@@ -109,13 +109,16 @@ class ClusterSnapshot:
     ``nodes`` lists every usable node, including those jobs hold now. ``node_end_s`` gives, where
     known or estimated, the time a node stops being idle (a scheduler's planned start of the next
     job, or a statistical estimate); a horizon-aware policy weighs rescale costs against it.
-    ``tfwd_s`` is the expected time to the next event (BFTrainer's ``Tfwd``).
+    ``tfwd_s`` is the expected time to the next event (BFTrainer's ``Tfwd``). ``queued`` counts
+    the jobs submitted but kept waiting by the controller's cap on active jobs: when it is > 0
+    the cap binds, which a policy cannot tell from the admitted jobs alone.
     """
 
     now_s: float
     nodes: tuple[NodeId, ...]
     node_end_s: Mapping[NodeId, float] = field(default_factory=dict)
     tfwd_s: float = 10.0
+    queued: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -123,6 +126,8 @@ class ClusterSnapshot:
             raise SpecError("snapshot lists a node more than once")
         if not (self.tfwd_s > 0 and math.isfinite(self.tfwd_s)):
             raise SpecError(f"tfwd_s must be a finite number > 0, got {self.tfwd_s!r}")
+        if isinstance(self.queued, bool) or not isinstance(self.queued, int) or self.queued < 0:
+            raise SpecError(f"queued must be an integer >= 0, got {self.queued!r}")
 
     def current_allocation(self, jobs: Sequence[JobView]) -> Allocation:
         """The allocation the jobs hold now; checks it against this snapshot.

@@ -210,7 +210,7 @@ class MilpPolicy(AllocationPolicy):
         exposure: str | bool = "none",
         arrivals: str | bool = False,
         refill: str = "none",
-        slot: int | None = None,
+        slot: int | str | None = None,
     ) -> None:
         check_solver_options(solver, time_limit_s, mip_gap)
         if value not in VALUES:
@@ -262,8 +262,12 @@ class MilpPolicy(AllocationPolicy):
         if refill not in REFILLS:
             raise SpecError(f"refill must be one of {', '.join(REFILLS)}, got {refill!r}")
         self.refill = refill
-        if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 1):
-            raise SpecError(f"slot must be the cap on active jobs (an integer >= 1) or None, got {slot!r}")
+        if slot is not None and slot != "auto" and (
+            isinstance(slot, bool) or not isinstance(slot, int) or slot < 1
+        ):
+            raise SpecError(
+                f"slot must be the cap on active jobs (an integer >= 1), 'auto' or None, got {slot!r}"
+            )
         if slot is not None and value != "samples":
             raise SpecError(f"slot values samples and slot time: use it with value='samples', got {value!r}")
         self.slot = slot
@@ -294,6 +298,13 @@ class MilpPolicy(AllocationPolicy):
         extra = ", horizon=True" if self.horizon else ""
         return f"{type(self).__name__}(solver={self.solver!r}, time_limit_s={self.time_limit_s}{extra})"
 
+    def _cap_binds(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> bool:
+        """Whether ``slot`` applies: ``"auto"`` while the controller keeps jobs queued behind
+        its cap (``snapshot.queued``), an integer cap while that many jobs are active."""
+        if self.slot == "auto":
+            return snapshot.queued > 0
+        return self.slot is not None and len(jobs) >= self.slot
+
     def allocate(self, snapshot: ClusterSnapshot, jobs: Sequence[JobView]) -> Allocation:
         t0 = time.perf_counter()
         check_inputs(snapshot, jobs)
@@ -315,7 +326,7 @@ class MilpPolicy(AllocationPolicy):
             return Allocation.empty()
         jobs = self._ties(jobs)
         weights = work_weights(jobs, len(snapshot.nodes)) if self.value == "work" else None
-        if self.slot is not None and len(jobs) >= self.slot:
+        if self._cap_binds(snapshot, jobs):
             weights = slot_weights(jobs)
         table = full = build_options(
             snapshot,

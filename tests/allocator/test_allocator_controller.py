@@ -49,3 +49,32 @@ def test_horizon_policy_in_controller_skips_a_node_about_to_vanish():
     c.add_nodes(["later"], now_s=110, end_s={"later": 2000.0})
     plan = c.replan(now_s=110)
     assert plan.grow == {"j": frozenset({"later"})}
+
+
+def test_policy_sees_how_many_jobs_wait_behind_the_cap():
+    """The snapshot handed to the policy counts the jobs the cap (``max_active``) keeps queued."""
+    from malleparsl.allocator import make_policy
+
+    seen = []
+
+    class Recording:
+        def __init__(self, policy):
+            self.policy = policy
+
+        def allocate(self, snapshot, jobs):
+            seen.append((snapshot.queued, len(jobs)))
+            return self.policy.allocate(snapshot, jobs)
+
+    curve = shaped_curve("linear", 100.0, 8)
+    c = Controller(policy=Recording(make_policy("greedy")), max_active=2)
+    c.add_nodes(["a", "b", "c"], now_s=0)
+    for i in range(4):
+        c.submit(JobSpec(f"j{i}", max_nodes=8, curve=curve), now_s=0)
+    c.replan(now_s=0)
+    c.finish("j0", now_s=10)
+    c.replan(now_s=10)
+    c.finish("j1", now_s=20)
+    c.finish("j2", now_s=20)
+    c.replan(now_s=20)
+    assert seen == [(2, 2), (1, 2), (0, 1)]
+    assert c.snapshot(20).queued == 0

@@ -290,8 +290,21 @@ def test_slot_values_the_slot_a_job_frees_when_the_cap_binds():
     assert got.sizes() == {"F": 2, "S": 1}
 
 
-@pytest.mark.parametrize("bad", [{"slot": 0}, {"slot": True}, {"slot": 2.5},
-                                 {"slot": 2, "value": "work"}])
+def test_slot_auto_tilts_only_while_jobs_wait_behind_the_cap():
+    """``slot="auto"`` reads the cap from the controller: the same case as above tilts (S starts)
+    when the snapshot says a job is queued, and not (F grows) when none is, whatever the count of
+    active jobs; an integer ``slot`` ignores ``queued``."""
+    snap, jobs = _slot_case()
+    waiting = ClusterSnapshot(now_s=0.0, nodes=snap.nodes, queued=1)
+    assert make_policy("milp", slot="auto").allocate(snap, jobs).sizes() == {"F": 3}
+    assert make_policy("milp", slot="auto").allocate(waiting, jobs).sizes() == {"F": 2, "S": 1}
+    got = make_policy("milp-horizon", slot="auto").allocate(waiting, jobs)
+    assert got.sizes() == {"F": 2, "S": 1}
+    assert make_policy("milp", slot=3).allocate(waiting, jobs).sizes() == {"F": 3}
+
+
+@pytest.mark.parametrize("bad", [{"slot": 0}, {"slot": True}, {"slot": 2.5}, {"slot": "cap"},
+                                 {"slot": 2, "value": "work"}, {"slot": "auto", "value": "work"}])
 def test_slot_refuses_bad_values(bad):
     with pytest.raises(SpecError, match="slot"):
         make_policy("milp", **bad)

@@ -232,7 +232,7 @@ def test_a_file_of_the_other_byte_order_is_not_read_by_rows(tmp_path, monkeypatc
 
 # torch's beta/prototype/deprecation notices for the sparse, nested and quantized tensors the
 # test builds on purpose
-@pytest.mark.filterwarnings("ignore:.*(Sparse CSR|quantize_per_tensor|nested tensors).*:UserWarning")
+@pytest.mark.filterwarnings("ignore:.*(Sparse CSR|quantize_per_tensor|nested tensors|TypedStorage is deprecated).*:UserWarning")
 def test_a_mapped_read_keeps_tensors_whose_bytes_are_not_their_values(tmp_path) -> None:
     """Sparse, nested, quantized, conjugate and Parameter tensors: their bytes in the file
     are not all they are. A sparse one has no data pointer at all, and tagging it failed the

@@ -77,13 +77,10 @@ def _plan_child(rank: int, port: int, plan: str, n: int, width: int, depth: int,
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.memory import join_gloo, peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare, profile_memory
 
-    torch.set_num_threads(1)
-    if n > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n)
+    join_gloo(rank, n, port)
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-") if rank == 0 else None
     if n > 1:  # every rank checkpoints into rank 0's directory (they share the host)
         box = [ckpt]
@@ -193,10 +190,9 @@ def _format_child(rank: int, port: int, n: int, width: int, depth: int,
 
     from malleparsl.apps.checkpoint import CheckpointStore
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import join_gloo
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n)
+    join_gloo(rank, n, port, alone=True)  # its broadcast runs at any size
     box = [tempfile.mkdtemp(prefix="bench-fmt-") if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     store = CheckpointStore(directory=box[0], keep=2)

@@ -34,17 +34,13 @@ class PlanCase:
 
 def _rank(rank: int, port: int, case: PlanCase) -> dict[str, Any]:  # runs in a fresh process
     import torch
-    import torch.distributed as dist
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.memory import join_gloo, peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare, profile_memory
 
-    torch.set_num_threads(1)
-    if case.n > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=case.n)
+    join_gloo(rank, case.n, port)
     ctx = TrainContext(rank=rank, world_size=case.n,
                        options={"plan": case.plan, "deterministic": False})
     ctx.group = case.n > 1

@@ -62,6 +62,21 @@ def _child(conn: Any, fn: Callable[..., dict], args: tuple, kwargs: dict) -> Non
         conn.send((False, f"{exc!r}\n{traceback.format_exc()}"))
 
 
+def join_gloo(rank: int, world_size: int, port: int, *, alone: bool = False,
+              **kwargs: Any) -> None:
+    """In a process of :func:`run_fresh`: one torch thread (ranks share this host's cores),
+    then join the local gloo group of ``world_size`` ranks at ``port``; one rank joins none
+    unless ``alone`` (code that calls collectives at any size). ``kwargs`` go to
+    ``init_process_group`` (e.g. ``timeout``)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if world_size > 1 or alone:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, **kwargs)
+
+
 def run_fresh(
     fn: Callable[..., dict], calls: list[tuple[tuple, dict]], *, timeout_s: float = 600.0
 ) -> list[dict]:

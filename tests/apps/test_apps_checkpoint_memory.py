@@ -17,16 +17,13 @@ pytestmark = pytest.mark.slow  # two fresh gloo ranks: ~30 s on a loaded machine
 
 
 def _zero1_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
-    import torch.distributed as dist
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.memory import join_gloo, peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    join_gloo(rank, 2, port)
     ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
                        options={"plan": "zero1", "deterministic": False})
     ctx.group = True
@@ -89,11 +86,10 @@ def _zero1_devices_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import join_gloo
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    join_gloo(rank, 2, port)
     ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
                        options={"plan": "zero1", "deterministic": False})
     ctx.group = True
@@ -142,12 +138,10 @@ def _plain_to_sharded_rank(rank: int, port: int, ckpt_dir: str, plan: str) -> di
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.memory import join_gloo, peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    join_gloo(rank, 2, port)
     x, y = teacher_data(n=8, d_in=256)
 
     def segment(plan: str, seg: int) -> tuple[TrainContext, Any, Any]:

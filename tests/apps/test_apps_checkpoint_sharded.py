@@ -19,15 +19,12 @@ pytestmark = pytest.mark.slow  # two fresh gloo ranks
 
 
 def _writer_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
-    import torch.distributed as dist
-
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
+    from malleparsl.apps.memory import join_gloo
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    join_gloo(rank, 2, port)
     ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
                        options={"plan": "fsdp", "deterministic": False})
     ctx.group = True
@@ -253,15 +250,12 @@ def test_rank_0_failing_to_publish_fails_every_rank_at_once(tmp_path) -> None:
 def _diverging_reader_rank(rank: int, port: int, dirs: list) -> dict:  # a fresh process
     from datetime import timedelta
 
-    import torch.distributed as dist
-
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP
+    from malleparsl.apps.memory import join_gloo
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=20))
+    join_gloo(rank, 2, port, timeout=timedelta(seconds=20))
     ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=dirs[rank],
                        options={"plan": "fsdp", "deterministic": False, "resume": True})
     ctx.group = True

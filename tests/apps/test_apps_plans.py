@@ -242,16 +242,13 @@ def test_dp_sync_does_not_need_torch_distributed_tensor(monkeypatch) -> None:
 
 
 def _sharded_save_rank(rank: int, port: int, ckpt_dir: str) -> dict:  # a fresh process per rank
-    import torch.distributed as dist
 
     from malleparsl.apps.context import TrainContext
     from malleparsl.apps.examples_plans import BlockMLP, loss_sum, teacher_data
-    from malleparsl.apps.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from malleparsl.apps.memory import join_gloo, peak_rss_bytes, reset_peak_rss, rss_bytes
     from malleparsl.apps.plans import prepare
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    join_gloo(rank, 2, port)
     ctx = TrainContext(rank=rank, world_size=2, ckpt_dir=ckpt_dir,
                        options={"plan": "fsdp", "deterministic": False})
     ctx.group = True

@@ -45,6 +45,12 @@ class JobState:
     finished_s: float | None = None
     done_samples: float = 0.0  # progress last reported (Controller.report_progress)
 
+    def progress(self) -> dict[str, float]:
+        """The reported progress as :class:`JobView` takes it (``JobView(..., **js.progress())``),
+        so every advisor gives policies the same remaining and attained samples."""
+        return {"remaining_samples": max(0.0, self.spec.total_samples - self.done_samples),
+                "attained_samples": self.done_samples}
+
 
 class CurveAdvisor(ABC):
     """Supplies, for every active job, the view (curve and bounds) the policy plans with.
@@ -91,8 +97,7 @@ class KnownCurves(CurveAdvisor):
                     js.spec,
                     js.spec.curve,
                     allocation.nodes_of(js.spec.job_id),
-                    remaining_samples=max(0.0, js.spec.total_samples - js.done_samples),
-                    attained_samples=js.done_samples,
+                    **js.progress(),
                 )
             )
         return out

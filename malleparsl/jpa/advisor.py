@@ -244,8 +244,7 @@ class JobProfilingAdvisor(CurveAdvisor):
                 curve = self._placeholder(rec.job_id, n_tab, eps)
             # the progress the controller reports, as KnownCurves gives it: policies that value
             # a grow over the job's remaining time (hold, priorities) need it
-            done = {"remaining_samples": max(0.0, spec.total_samples - js.done_samples),
-                    "attained_samples": js.done_samples}
+            done = js.progress()
             if rec.probe is not None:
                 out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size, **done))
             else:

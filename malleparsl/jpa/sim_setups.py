@@ -69,9 +69,7 @@ class LinearFromOneNode(CurveAdvisor):
                                  name=spec.job_id)
             # the progress the controller reports, as KnownCurves and the JPA give it: policies
             # that value a grow over the job's remaining time need it
-            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id),
-                               remaining_samples=max(0.0, spec.total_samples - js.done_samples),
-                               attained_samples=js.done_samples))
+            out.append(JobView(spec, curve, allocation.nodes_of(spec.job_id), **js.progress()))
         return out
 
 

@@ -77,3 +77,27 @@ def test_check_global_batch_counts_nodes_by_ranks_per_node() -> None:
     assert "2 rank(s) train nothing" in note and "past 3 node(s) of 2 rank(s)" in note
     with pytest.raises(SpecError, match=r"option global_batch=5: .*at most 2 node\(s\) of 2 "):
         check_global_batch(6, 4, option=5, ranks_per_node=2)
+
+
+@pytest.mark.slow
+def test_a_fused_trial_array_past_its_batch_trains_each_trial_as_alone(tmp_path) -> None:
+    """Three gloo ranks, a global batch of 2: before, rank 2's empty batch crashed the fused
+    layers ("cannot reshape tensor of 0 elements") and failed the whole array."""
+    from malleparsl.apps.fused import train_array
+    from malleparsl.apps.fused_digits import build_mlp, digits_data, train_alone
+    from malleparsl.apps.local_runner import LocalRunner
+
+    trials = [{"trial_id": f"t{i}", "config": {"width": 16, "optimizer": "adam",
+                                               "lr": 3e-3 * (i + 1)},
+               "seed": 5 + i, "dir": str(tmp_path / f"t{i}")} for i in range(2)]
+    with LocalRunner(nodes=3, ckpt_root=str(tmp_path / "ckpt"),
+                     preload=("malleparsl.apps.fused_digits", "sklearn.datasets")) as runner:
+        rep = runner.run(train_array, schedule=[(3, None)], job_id="arr", trials=trials,
+                         options={"torch_threads": 1}, build=build_mlp, data=digits_data,
+                         global_batch=2, stops=[10])
+    assert rep.finished and rep.sizes == [3]
+    for t in trials:
+        got = [h["loss"] for h in rep.result["trials"][t["trial_id"]]["history"]]
+        want, _ = train_alone(t["config"], seed=t["seed"], steps=10, global_batch=2,
+                              build=build_mlp)
+        assert len(got) == 10 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-5

@@ -45,7 +45,7 @@ from malleparsl.apps.checkpoint import (
     owned,
     state_layout,
 )
-from malleparsl.apps.sharding import GlobalBatchSampler
+from malleparsl.apps.sharding import GlobalBatchSampler, check_global_batch
 from malleparsl.apps.step import Step
 from malleparsl.errors import CheckpointError, SpecError
 from malleparsl.executors.protocol import (
@@ -145,6 +145,7 @@ class TrainContext:
         self.ckpt_load_s = 0.0  # reading the checkpoint at segment start
         self.ckpt_save_s = 0.0  # writing the stop checkpoint
         self.sampler: GlobalBatchSampler | None = None
+        self.notice: str | None = None  # what rank 0 tells the driver (ranks with no sample)
         self._objects: dict[str, Any] = {}
         self._begun = False
         self._saved_step: int | None = None
@@ -451,6 +452,8 @@ class TrainContext:
             "first_step_time": self.first_step_time, "ckpt_load_s": self.ckpt_load_s,
             "metrics": {k: v for k, v in self.metrics.items() if isinstance(v, (int, float, str))},
         }
+        if self.notice:
+            doc["notice"] = self.notice
         self.store.set(progress_key(self.job_id, self.segment, self.key_prefix), json.dumps(doc))
 
     def _after_step(self, global_batch: int) -> None:
@@ -488,7 +491,7 @@ class TrainContext:
         self,
         total_steps: int | None = None,
         *,
-        global_batch: int,
+        global_batch: int | None = None,
         dataset_size: int,
         micro_batch: int | None = None,
         seed: int | None = None,
@@ -496,8 +499,24 @@ class TrainContext:
         """Yield :class:`Step` objects from the restored step up to ``total_steps``.
 
         ``total_steps`` defaults to ``ceil(total_samples / global_batch)`` from the job's
-        options. Restores the latest checkpoint first (unless :meth:`restore` was called).
+        options, ``global_batch`` to the option ``global_batch`` (which also caps the job's size
+        so that every rank gets a sample; a different value here is a ``SpecError``). Ranks
+        past the global batch's samples train nothing: rank 0 warns, in its log and through the
+        driver's (:func:`~malleparsl.apps.sharding.check_global_batch`). Restores the latest
+        checkpoint first (unless :meth:`restore` was called).
         """
+        from malleparsl.plans import global_batch_option
+
+        option = global_batch_option(self.options)
+        if global_batch is None:
+            if option is None:
+                raise SpecError("ctx.steps(): give global_batch=..., or global_batch in "
+                                "@malleable_app(...)")
+            global_batch = option
+        self.notice = check_global_batch(global_batch, self.world_size, option=option,
+                                         ranks_per_node=self.local_world_size)
+        if self.notice and self.rank == 0:
+            log.warning("job %r segment %d: %s", self.job_id, self.segment, self.notice)
         if total_steps is None:
             total = self.options.get("total_samples")
             if not total:

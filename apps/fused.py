@@ -257,12 +257,19 @@ def train_array(
                 ctx.save()
                 break
         idx = torch.stack([sampler(seeds[t]).local_indices(step.index) for t in state.ids])
-        xb, yb = Xtr[idx].to(ctx.device), ytr[idx].to(ctx.device)  # (B, n, ...), (B, n)
         opt.zero_grad()
-        out = fm(xb)
-        loss_sums = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1),
-                                    reduction="none").view(fm.B, -1).sum(1)
-        loss_sums.sum().backward()
+        if idx.shape[1]:
+            xb, yb = Xtr[idx].to(ctx.device), ytr[idx].to(ctx.device)  # (B, n, ...), (B, n)
+            out = fm(xb)
+            loss_sums = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1),
+                                        reduction="none").view(fm.B, -1).sum(1)
+            loss_sums.sum().backward()
+        else:  # a rank past the global batch's samples (check_global_batch): it adds zeros
+            # (the fused layers cannot reshape an empty batch)
+            p0 = next(fm.parameters())
+            loss_sums = torch.zeros(fm.B, dtype=p0.dtype, device=p0.device)
+            for p in fm.parameters():
+                p.grad = torch.zeros_like(p)
         losses = sync_losses(loss_sums)
         opt.step()
         for tid, loss in zip(state.ids, losses):

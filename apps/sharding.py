@@ -24,12 +24,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from malleparsl.errors import SpecError
+from malleparsl.plans import batch_max_nodes
 
 
 def _positive_int(value: Any, name: str, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{name} must be an integer >= 1, got {value!r}; {fix}")
     return value
+
+
+def check_global_batch(global_batch: int, world_size: int, *, option: int | None = None,
+                       ranks_per_node: int = 1) -> str | None:
+    """What the user must hear about splitting ``global_batch`` over ``world_size`` ranks.
+
+    A :class:`SpecError` when the job's malleable option ``global_batch`` (``option``, what the
+    controller caps the job's size with) disagrees with the batch the loop trains. A notice
+    (returned) when the ranks outnumber the batch's samples: the ranks past them get a local
+    batch of 0, add zero gradients and train nothing, so the result is right but their nodes
+    are wasted. That can only happen when the options do not name the global batch: the
+    controller could not know it. It is not an error: the size is the controller's choice, not
+    a mistake of the running job, and failing the job there would lose its training.
+    """
+    if option is not None and option != global_batch:
+        raise SpecError(
+            f"ctx.steps(global_batch={global_batch}) disagrees with the malleable option "
+            f"global_batch={option}: the controller sizes the job from the option (every rank "
+            f"needs a sample: at most {batch_max_nodes(option, ranks_per_node)} node(s) of "
+            f"{ranks_per_node} rank(s)) while the loop would split {global_batch}; pass the "
+            "same value to both (or leave global_batch out of ctx.steps: it takes the option's)"
+        )
+    if world_size <= global_batch:
+        return None
+    return (
+        f"global_batch={global_batch} feeds only {global_batch} of world_size={world_size} "
+        f"ranks: {world_size - global_batch} rank(s) train nothing (a local batch of 0; the "
+        "result stays right) and hold their node(s) for nothing. Pass "
+        f"global_batch={global_batch} in the app's malleable options (e.g. "
+        f"@malleable_app(global_batch={global_batch}, ...)) so the controller never sizes the "
+        f"job past {batch_max_nodes(global_batch, ranks_per_node)} node(s) of "
+        f"{ranks_per_node} rank(s)"
+    )
 
 
 @dataclass(frozen=True)

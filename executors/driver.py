@@ -254,6 +254,7 @@ class MalleableJob:
         self._pending: RescaleRecord | None = None
         self._last_save_s = 0.0
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
+        self.notices: list[str] = []  # rank 0's warnings (ranks with no sample), each once
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
         self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
         self.plan_for = plan_for
@@ -534,6 +535,10 @@ class MalleableJob:
             return None
         t, rate = rec.get("time"), rec.get("samples_per_s")
         self.last_progress = {**rec, "segment": seg.index}
+        note = rec.get("notice")
+        if note and note not in self.notices:  # said where the user looks, not only in a rank's log
+            self.notices.append(note)
+            log.warning("job %s: %s", self.job_id, note)
         if rate is None or t == seg.last_progress_time:
             return None
         seg.last_progress_time = t

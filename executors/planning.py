@@ -65,7 +65,10 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     ``job_id`` is generated when absent; ``curve`` is a list of ``[nodes, samples_per_s]``.
     A job with automatic plans (:func:`malleparsl.plans.plan_options`) gets its minimum size
     from the memory model and its :class:`~malleparsl.plans.PlanOptions` in
-    ``meta["plan_options"]`` (for the controller's plan profiler).
+    ``meta["plan_options"]`` (for the controller's plan profiler). A job that names its
+    ``global_batch``, with automatic plans or not, is never sized past the point where every
+    one of its ``ranks_per_node`` ranks per node gets a sample
+    (:func:`malleparsl.plans.cap_to_batch`): without it the controller cannot know the batch.
     """
     if not isinstance(options, Mapping):
         raise SpecError(
@@ -88,7 +91,7 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
                 f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
             ) from None
         curve = ScalingCurve.from_points(points, name=str(job_id))
-    from malleparsl.plans import node_budget
+    from malleparsl.plans import cap_to_batch, global_batch_option, node_budget
 
     # a budget that is no number of bytes, or two that disagree, is refused here, at submit,
     # as with automatic plans; not by every rank's prepare() once the job holds its nodes
@@ -100,6 +103,10 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
         kw["min_nodes"] = min_nodes_for(popts, int(kw.get("min_nodes", 1)), int(kw["max_nodes"]))
         if popts is not None:
             kw["meta"] = {"plan_options": popts}
+    gb = global_batch_option(options)
+    if gb is not None:  # every rank needs a sample, with automatic plans or not
+        kw["max_nodes"] = cap_to_batch(int(kw.get("min_nodes", 1)), int(kw["max_nodes"]),
+                                       global_batch=gb, ranks_per_node=ranks_per_node)
     return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
 
 

@@ -272,6 +272,47 @@ def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
 
 
 # ---- the job's options: what the driver and the controller read --------------------------
+def batch_max_nodes(global_batch: int, ranks_per_node: int = 1) -> int:
+    """The most nodes whose ranks all get a sample of the global batch.
+
+    The data split (:class:`malleparsl.apps.sharding.ShardPlan`) gives ranks past the batch's
+    samples a local batch of 0: they would hold a node (an accelerator each) and train nothing.
+    Applies to every job that names its ``global_batch``, with automatic plans or not."""
+    return global_batch // ranks_per_node
+
+
+def batch_text(nodes: int, global_batch: int, ranks_per_node: int = 1) -> str:
+    """Why ``nodes`` is too large for the global batch, for error messages."""
+    return (f"{nodes} node(s) x ranks_per_node={ranks_per_node} = {nodes * ranks_per_node} "
+            f"ranks exceed global_batch={global_batch} (every rank needs a sample: at most "
+            f"{batch_max_nodes(global_batch, ranks_per_node)} node(s))")
+
+
+def cap_to_batch(min_nodes: int, max_nodes: int, *, global_batch: int,
+                 ranks_per_node: int = 1) -> int:
+    """``max_nodes`` lowered to :func:`batch_max_nodes`; a ``min_nodes`` already above it is a
+    :class:`SpecError` naming global_batch, ranks_per_node and the size (a larger
+    ``max_nodes`` is not: it is a cap)."""
+    top = batch_max_nodes(global_batch, ranks_per_node)
+    if min_nodes > top:
+        raise SpecError(f"min_nodes={min_nodes} is too large: "
+                        f"{batch_text(min_nodes, global_batch, ranks_per_node)}; "
+                        "lower min_nodes or raise global_batch")
+    return min(max_nodes, top)
+
+
+def global_batch_option(options: Mapping[str, Any]) -> int | None:
+    """The job's malleable option ``global_batch`` (samples per optimizer step, the value its
+    training function passes to ``ctx.steps``), None when not given."""
+    gb = options.get("global_batch")
+    if gb is None:
+        return None
+    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
+        raise SpecError(f"global_batch must be an integer >= 1 (samples per optimizer step, as "
+                        f"passed to ctx.steps), got {gb!r}; e.g. global_batch=64")
+    return gb
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """A job's automatic plans: its profile, global batch, the node budget, allowed families.
@@ -314,14 +355,12 @@ class PlanOptions:
     @property
     def max_batch_nodes(self) -> int:
         """The most nodes whose ranks all get a sample of the global batch: no plan runs above
-        (a rank beyond the global batch's samples would hold a node and train nothing)."""
-        return self.global_batch // self.ranks_per_node
+        (:func:`batch_max_nodes`)."""
+        return batch_max_nodes(self.global_batch, self.ranks_per_node)
 
     def batch_text(self, nodes: int) -> str:
         """Why ``nodes`` is too large for the global batch, for error messages."""
-        return (f"{nodes} node(s) x ranks_per_node={self.ranks_per_node} = "
-                f"{self.ranks(nodes)} ranks exceed global_batch={self.global_batch} (every rank "
-                f"needs a sample: at most {self.max_batch_nodes} node(s))")
+        return batch_text(nodes, self.global_batch, self.ranks_per_node)
 
     def node_peak(self, plan: ExecPlan, nodes: int) -> float:
         """Bytes one node needs: its ranks' predicted peaks together."""
@@ -407,9 +446,9 @@ def plan_options(options: Mapping[str, Any], *, ranks_per_node: int = 1) -> Plan
         return None
     if not isinstance(prof, MemoryProfile):
         prof = MemoryProfile.from_dict(prof)
-    gb = options.get("global_batch")
-    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
-        raise SpecError(f"memory_profile needs global_batch (an integer >= 1), got {gb!r}")
+    gb = global_batch_option(options)
+    if gb is None:
+        raise SpecError("memory_profile needs global_batch (an integer >= 1), got None")
     bases = tuple(options.get("plans") or FAMILIES)
     budget = node_budget(options, ranks_per_node=ranks_per_node)
     return PlanOptions(prof, gb, budget, bases, ranks_per_node)
@@ -426,10 +465,9 @@ def min_nodes_for(options: Mapping[str, Any] | PlanOptions | None, min_nodes: in
         options, ranks_per_node=ranks_per_node)
     if got is None:
         return min_nodes
-    if min_nodes > got.max_batch_nodes:
-        raise SpecError(f"min_nodes={min_nodes} is too large: {got.batch_text(min_nodes)}; "
-                        "lower min_nodes or raise global_batch")
-    hi = min(max_nodes, got.max_batch_nodes)  # no plan runs above
+    # no plan runs above the batch's cap; a min_nodes past it is refused
+    hi = cap_to_batch(min_nodes, max_nodes, global_batch=got.global_batch,
+                      ranks_per_node=got.ranks_per_node)
     n = got.min_nodes(hi)
     if n is None:
         _, least = got.leanest_need(hi)  # raises when no plan runs there at all

@@ -1,0 +1,103 @@
+"""``ctx.steps`` against the job's global batch: a ``global_batch`` option that disagrees with
+the loop's is refused (the controller capped the job's size with the option); a size whose
+ranks outnumber the batch's samples (the options did not name it, so the controller could not
+cap) trains right, its surplus ranks with empty local batches, and rank 0 says so.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from malleparsl.apps.context import TrainContext  # noqa: E402
+from malleparsl.apps.sharding import check_global_batch  # noqa: E402
+from malleparsl.errors import SpecError  # noqa: E402
+
+
+def _ctx(rank: int = 0, world_size: int = 1, local_world_size: int = 1, **options) -> TrainContext:
+    return TrainContext(rank=rank, world_size=world_size, local_world_size=local_world_size,
+                        options={"torch_threads": 1, **options})
+
+
+def test_a_global_batch_option_that_disagrees_with_the_loops_is_refused() -> None:
+    ctx = _ctx(global_batch=32)
+    try:
+        with pytest.raises(SpecError, match=r"ctx.steps\(global_batch=64\) disagrees with the "
+                           r"malleable option global_batch=32: .*at most 32 node\(s\) of 1 rank"
+                           r".*pass the same value to both"):
+            next(ctx.steps(3, global_batch=64, dataset_size=100))
+        assert ctx.step == 0  # refused before any step
+    finally:
+        ctx.close()
+
+
+def test_ctx_steps_takes_the_options_global_batch_and_needs_one() -> None:
+    ctx = _ctx(global_batch=8)
+    try:
+        step = next(ctx.steps(3, dataset_size=100))
+        assert len(step.sampler.global_indices(0)) == 8 and ctx.local_batch == 8
+    finally:
+        ctx.close()
+    ctx = _ctx()
+    try:
+        with pytest.raises(SpecError, match=r"give global_batch=\.\.\., or global_batch in "):
+            next(ctx.steps(3, dataset_size=100))
+    finally:
+        ctx.close()
+
+
+def test_ranks_past_the_batch_train_nothing_and_rank_0_says_how_to_cap(caplog) -> None:
+    """3 ranks (one node's worth each) of a batch of 2: rank 2's local batch is empty, the
+    warning names global_batch, world_size and the option that makes the controller cap."""
+    caplog.set_level(logging.WARNING, logger="malleparsl.apps.context")
+    contexts = [_ctx(rank=r, world_size=3) for r in range(3)]
+    try:
+        firsts = [next(c.steps(2, global_batch=2, dataset_size=10)) for c in contexts]
+        assert [c.local_batch for c in contexts] == [1, 1, 0]
+        assert firsts[2].micro_batches() == []
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1  # rank 0 only
+        assert ("global_batch=2 feeds only 2 of world_size=3 ranks: 1 rank(s) train nothing"
+                in warned[0])
+        assert "Pass global_batch=2 in the app's malleable options" in warned[0]
+        assert "never sizes the job past 2 node(s) of 1 rank(s)" in warned[0]
+        assert all(c.notice == contexts[0].notice for c in contexts)
+    finally:
+        for c in reversed(contexts):  # each restores the torch settings it found
+            c.close()
+
+
+def test_check_global_batch_counts_nodes_by_ranks_per_node() -> None:
+    assert check_global_batch(6, 6, ranks_per_node=2) is None
+    assert check_global_batch(6, 4, option=6, ranks_per_node=2) is None
+    note = check_global_batch(6, 8, ranks_per_node=2)
+    assert "2 rank(s) train nothing" in note and "past 3 node(s) of 2 rank(s)" in note
+    with pytest.raises(SpecError, match=r"option global_batch=5: .*at most 2 node\(s\) of 2 "):
+        check_global_batch(6, 4, option=5, ranks_per_node=2)
+
+
+@pytest.mark.slow
+def test_a_fused_trial_array_past_its_batch_trains_each_trial_as_alone(tmp_path) -> None:
+    """Three gloo ranks, a global batch of 2: before, rank 2's empty batch crashed the fused
+    layers ("cannot reshape tensor of 0 elements") and failed the whole array."""
+    from malleparsl.apps.fused import train_array
+    from malleparsl.apps.fused_digits import build_mlp, digits_data, train_alone
+    from malleparsl.apps.local_runner import LocalRunner
+
+    trials = [{"trial_id": f"t{i}", "config": {"width": 16, "optimizer": "adam",
+                                               "lr": 3e-3 * (i + 1)},
+               "seed": 5 + i, "dir": str(tmp_path / f"t{i}")} for i in range(2)]
+    with LocalRunner(nodes=3, ckpt_root=str(tmp_path / "ckpt"),
+                     preload=("malleparsl.apps.fused_digits", "sklearn.datasets")) as runner:
+        rep = runner.run(train_array, schedule=[(3, None)], job_id="arr", trials=trials,
+                         options={"torch_threads": 1}, build=build_mlp, data=digits_data,
+                         global_batch=2, stops=[10])
+    assert rep.finished and rep.sizes == [3]
+    for t in trials:
+        got = [h["loss"] for h in rep.result["trials"][t["trial_id"]]["history"]]
+        want, _ = train_alone(t["config"], seed=t["seed"], steps=10, global_batch=2,
+                              build=build_mlp)
+        assert len(got) == 10 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-5

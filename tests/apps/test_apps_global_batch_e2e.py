@@ -1,0 +1,107 @@
+"""The global-batch cap through Parsl and the real executor (3 emulated nodes, gloo).
+
+The digits MLP with a global batch of 2 samples, ``max_nodes=3`` and 3 idle nodes:
+
+* without ``global_batch`` in its options the controller cannot know the batch and runs it on
+  all 3 nodes (measured before the cap, and still so): rank 2 gets no sample; the trajectory
+  is still the one-process one, and the driver's log now says which ranks train nothing and
+  how to cap;
+* with ``global_batch=2`` in its options it never runs on more than 2 nodes, with the same
+  trajectory (before: 3 nodes, one idle rank);
+* ``min_nodes=3`` with ``global_batch=2`` fails its app future at submit with a SpecError,
+  and an option that disagrees with the loop's batch fails it before the first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+parsl = pytest.importorskip("parsl")
+pytest.importorskip("torch.distributed")
+
+from malleparsl.apps import malleable_app  # noqa: E402
+from malleparsl.apps.entry import RankEntry  # noqa: E402
+from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
+from malleparsl.errors import SpecError  # noqa: E402
+from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
+from malleparsl.site_configs.local import local_config  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+NODE_TIMEOUT_S = 300
+STEPS = 150
+WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.datasets")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("global-batch-e2e")
+    src = ManualNodeSource(nodes=["n0", "n1", "n2"])
+    dfk = parsl.load(local_config(
+        nodes=0, node_source=src, run_dir=str(tmp / "runinfo"), ckpt_root=str(tmp / "ckpt"),
+        warm_modules=WARM, poll_period_s=0.1,
+    ))
+    ex = dfk.executors["malleable"]
+    try:
+        ex.wait_for_nodes(3, NODE_TIMEOUT_S)
+        yield ex
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return [h["loss"] for h in RankEntry(train_mlp).local(
+        total_steps=STEPS, global_batch=2, dtype="float64",
+        options={"torch_threads": 1})["history"]]
+
+
+def run(ex, job_id: str, **options):  # noqa: ANN001, ANN201
+    """Run job_id (train_mlp, batch 2) to the end; its result and every (nodes, world size)
+    its segments ran at, sampled from the snapshots."""
+    app = malleable_app(min_nodes=1, max_nodes=3, torch_threads=1, pace_s_per_sample=5e-3,
+                        **options)(train_mlp)
+    fut = app(total_steps=STEPS, global_batch=2, dtype="float64",
+              malleable_options={"job_id": job_id})
+    sizes = set()
+    deadline = time.monotonic() + NODE_TIMEOUT_S
+    while not fut.done() and time.monotonic() < deadline:
+        view = ex.snapshot().jobs.get(job_id)
+        if view is not None and view.segment is not None and view.world_size:
+            sizes.add((len(view.nodes), view.world_size))
+        time.sleep(0.02)
+    return fut.result(timeout=1), sizes
+
+
+def test_without_the_option_surplus_ranks_idle_and_the_driver_says_how_to_cap(
+        live, baseline, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="malleparsl.executors.driver")
+    result, sizes = run(live, "uncapped")
+    assert (3, 3) in sizes  # the controller could not know: all three nodes
+    got = [h["loss"] for h in result["history"]]
+    assert result["steps"] == STEPS and got == pytest.approx(baseline, rel=0, abs=1e-12)
+    said = [r.getMessage() for r in caplog.records if "uncapped" in r.getMessage()]
+    assert any("global_batch=2 feeds only 2 of world_size=3 ranks: 1 rank(s) train nothing"
+               in m and "Pass global_batch=2 in the app's malleable options" in m
+               for m in said), said
+
+
+def test_the_option_caps_the_job_at_the_nodes_its_batch_feeds(live, baseline) -> None:
+    result, sizes = run(live, "capped", global_batch=2)
+    assert sizes and max(n for n, _ in sizes) == 2  # three nodes idle, two given
+    got = [h["loss"] for h in result["history"]]
+    assert result["steps"] == STEPS and got == pytest.approx(baseline, rel=0, abs=1e-12)
+
+
+def test_impossible_or_disagreeing_batches_fail_the_app_future(live) -> None:
+    app = malleable_app(min_nodes=3, max_nodes=3, global_batch=2)(train_mlp)
+    with pytest.raises(SpecError, match=r"min_nodes=3 is too large: 3 node\(s\) x "
+                       r"ranks_per_node=1 = 3 ranks exceed global_batch=2"):
+        app(total_steps=STEPS, global_batch=2).result(timeout=60)
+    app = malleable_app(min_nodes=1, max_nodes=1, global_batch=4, torch_threads=1)(train_mlp)
+    with pytest.raises(SpecError, match=r"ctx.steps\(global_batch=2\) disagrees with the "
+                       r"malleable option global_batch=4"):
+        app(total_steps=STEPS, global_batch=2).result(timeout=NODE_TIMEOUT_S)

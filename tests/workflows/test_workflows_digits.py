@@ -109,3 +109,31 @@ def test_packed_runner_caps_each_array_at_its_trials_global_batch(tmp_path):
         assert _spec(r, opts, 2).max_nodes == 2 and _spec(r, opts, 1).max_nodes == 5
     finally:
         r.close()
+
+
+def test_global_batch_of_is_the_batch_the_digits_functions_give_ctx_steps(tmp_path):
+    """The option the runners pass is checked by ctx.steps against the loop's own batch: it
+    agrees for train_digits and train_digits_array, a different value fails the trial."""
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.workflows.digits import global_batch_of, steps_of, train_digits_array
+
+    cfg = {**CFG, "batch_size": 32, "samples": 320}
+    for name, gb in (("alone", global_batch_of(cfg)), ("other", global_batch_of(cfg) + 1)):
+        ctx = TrainContext.local(ckpt_dir=str(tmp_path / name), torch_threads=1, global_batch=gb)
+        try:
+            if name == "alone":
+                assert train_digits(ctx, cfg)["samples"] == 320.0
+            else:
+                with pytest.raises(SpecError, match=r"ctx.steps\(global_batch=32\) disagrees"):
+                    train_digits(ctx, cfg)
+        finally:
+            ctx.close()
+    assert global_batch_of({}) == 64  # train_digits' default batch
+    ctx = TrainContext.local(ckpt_dir=str(tmp_path / "arr"), torch_threads=1,
+                             global_batch=global_batch_of(cfg))
+    trials = [{"trial_id": t, "config": {**cfg, "lr": lr}, "dir": str(tmp_path / t), "seed": 0,
+               "start_step": None} for t, lr in (("a", 1e-2), ("b", 3e-3))]
+    try:
+        assert train_digits_array(ctx, trials=trials, stops=[steps_of(cfg)])["steps"] == 10
+    finally:
+        ctx.close()

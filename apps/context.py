@@ -454,6 +454,8 @@ class TrainContext:
         }
         if self.notice:
             doc["notice"] = self.notice
+        if self.sampler is not None:  # the controller caps a job that did not name it
+            doc["global_batch"] = self.sampler.global_batch
         self.store.set(progress_key(self.job_id, self.segment, self.key_prefix), json.dumps(doc))
 
     def _after_step(self, global_batch: int) -> None:

@@ -36,7 +36,7 @@ from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_
 from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
-from malleparsl.plans import MemoryBudgetError
+from malleparsl.plans import MemoryBudgetError, batch_max_nodes
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -407,11 +407,23 @@ class ControlLoop:
                 if prog.samples is not None:  # policies and the JPA read what remains, as in
                     # the simulator (engine.py reports it at every event)
                     self.controller.report_progress(job_id, samples_done=prog.samples)
+                if prog.global_batch is not None:
+                    dirty |= self._cap_to_batch(job_id, job, prog.global_batch)
                 self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up
                     self.controller.observe_rescale(job_id, kind=rec.kind, pause_s=rec.pause_s)
         return dirty
+
+    def _cap_to_batch(self, job_id: str, job: MalleableJob, global_batch: int) -> bool:
+        """A job whose loop splits ``global_batch`` samples a step gets from now on no more
+        nodes than give each rank a sample (one that named the option was capped at submit);
+        True if that lowered its bound (replan: it may hold nodes that train nothing)."""
+        top = batch_max_nodes(global_batch, job.ranks_per_node)
+        return self.controller.cap_nodes(job_id, top, why=(
+            f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
+            f"{job.ranks_per_node} rank(s) a node: past {top} node(s) a rank trains nothing; "
+            f"give global_batch={global_batch} in its malleable options to cap it from submit"))
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

@@ -111,6 +111,7 @@ class ProgressReading:
     samples_per_s: float
     plan: ExecPlan | None  # None: the job runs a fixed plan of its own (no automatic plans)
     samples: float | None = None
+    global_batch: int | None = None  # what the loop splits per step (ctx.steps), if it says
 
 
 @dataclass
@@ -547,9 +548,10 @@ class MalleableJob:
             if r.segment == seg.index and r.first_step_s is None and first:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
-        done = rec.get("samples")
+        done, gb = rec.get("samples"), rec.get("global_batch")
         return ProgressReading(len(seg.nodes), float(rate), seg.plan,
-                               None if done is None else float(done))
+                               None if done is None else float(done),
+                               int(gb) if isinstance(gb, int) and gb >= 1 else None)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -44,6 +44,7 @@ class JobState:
     admitted_s: float | None = None
     finished_s: float | None = None
     done_samples: float = 0.0  # progress last reported (Controller.report_progress)
+    node_cap: int | None = None  # max_nodes learnt while running (Controller.cap_nodes)
 
     def progress(self) -> dict[str, float]:
         """The reported progress as :class:`JobView` takes it (``JobView(..., **js.progress())``),
@@ -261,6 +262,22 @@ class Controller:
         self._job(job_id)
         self.advisor.observe_rescale(job_id, kind, pause_s)
 
+    def cap_nodes(self, job_id: str, max_nodes: int, *, why: str) -> bool:
+        """Give ``job_id`` at most ``max_nodes`` (never below its ``min_nodes``) in every later
+        decision; True (and one warning saying ``why``) if that lowers its bound.
+
+        For a bound learnt while the job runs (its loop's global batch feeds fewer ranks than
+        its ``max_nodes``): the spec stays as submitted, since advisors keep their own copy,
+        and :meth:`replan` narrows the job's view instead, whichever advisor made it."""
+        js = self._job(job_id)
+        bound = js.spec.max_nodes if js.node_cap is None else js.node_cap
+        cap = max(js.spec.min_nodes, int(max_nodes))
+        if cap >= bound:
+            return False
+        log.warning("job %r: max_nodes %d -> %d from now on: %s", job_id, bound, cap, why)
+        js.node_cap = cap
+        return True
+
     # ---- decisions ----------------------------------------------------------------------
     @property
     def active_jobs(self) -> list[JobState]:
@@ -301,6 +318,7 @@ class Controller:
         views = self.advisor.views(snap, active, self.allocation)
         if self.plans is not None:
             views = self.plans.adjust(snap, views)
+        views = self._capped(views)
         t0 = time.perf_counter()
         answer = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0
@@ -342,6 +360,19 @@ class Controller:
                       self.policy, "; ".join(problems))
             return self.allocation if keep is None else keep
         return new
+
+    def _capped(self, views: list[JobView]) -> list[JobView]:
+        """The views with the bounds :meth:`cap_nodes` learnt (an advisor's narrower ``lo``
+        above the cap, a probe, comes down to it)."""
+        if not any(self.jobs[v.job_id].node_cap is not None for v in views):
+            return views
+        out = []
+        for v in views:
+            cap = self.jobs[v.job_id].node_cap
+            if cap is not None and v.hi > cap:
+                v = dataclasses.replace(v, min_nodes=min(v.lo, cap), max_nodes=cap)
+            out.append(v)
+        return out
 
     @staticmethod
     def _holed(views: Sequence[JobView]) -> bool:

@@ -63,6 +63,15 @@ class AppTrialRunner(TrialRunner):
         is on. ``None`` passes nothing.
     options
         Extra malleable options for every job (``torch_threads``, ``ckpt_interval_s``...).
+    global_batch_of
+        ``global_batch_of(config) -> int``: the global batch ``train_fn`` passes to
+        ``ctx.steps`` for a trial's hyperparameters (e.g.
+        :func:`malleparsl.workflows.digits.global_batch_of`). Each trial's job then carries it
+        as its malleable option ``global_batch``, so the controller never gives a trial more
+        nodes than its batch has samples for its ranks. ``None`` (the runner cannot know what
+        a training function does with its config): trials are not capped, and ``ctx.steps``
+        warns when ranks are left without a sample. It must be the value ``ctx.steps`` gets:
+        a different one fails the trial (``SpecError``).
     malleable
         False runs every trial as a plain one-node task (no resizing).
     """
@@ -79,6 +88,7 @@ class AppTrialRunner(TrialRunner):
         samples_per_unit: float | None = None,
         rescale_hint_s: float | None = 0.5,
         options: Mapping[str, Any] | None = None,
+        global_batch_of: Callable[[Mapping[str, Any]], int] | None = None,
         malleable: bool = True,
     ) -> None:
         super().__init__(ckpt_root=ckpt_root)
@@ -98,6 +108,10 @@ class AppTrialRunner(TrialRunner):
         if rescale_hint_s is not None:
             self.options.setdefault("rescale_up_s", float(rescale_hint_s))
             self.options.setdefault("rescale_down_s", float(rescale_hint_s))
+        if global_batch_of is not None and not callable(global_batch_of):
+            raise SpecError(f"global_batch_of must be a function config -> global batch, got "
+                            f"{global_batch_of!r}")
+        self.global_batch_of = global_batch_of
         self.malleable = malleable
         self._app: Any = None
         self._prev_budget: dict[tuple[str, str], float] = {}
@@ -131,6 +145,8 @@ class AppTrialRunner(TrialRunner):
                                 "resume": s.rung > 0}  # a promoted trial continues its rung
         if ckpt_dir is not None:
             opts["ckpt_dir"] = ckpt_dir
+        if self.global_batch_of is not None:  # the controller caps the trial's size at it
+            opts["global_batch"] = int(self.global_batch_of(cfg))
         if self.samples_per_unit:
             prev = self._prev_budget.get((stage, s.trial_id), 0.0)
             opts["total_samples"] = max(1.0, (s.budget - prev) * float(self.samples_per_unit))

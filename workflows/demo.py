@@ -154,6 +154,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
     from .digits import (
         build_digits,
         default_budget,
+        global_batch_of,
         load_split,
         steps_of,
         train_digits,
@@ -205,6 +206,7 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         common = dict(train_fn=train_digits, budget_unit="epochs", min_nodes=1,
                       max_nodes=s.max_nodes, ckpt_root=out / "ckpt",
                       samples_per_unit=n_train, malleable=not s.plain,
+                      global_batch_of=global_batch_of,  # each trial capped at its batch
                       options={"torch_threads": 1, "ckpt_interval_s": 5,
                                "progress_interval_s": 0.5, "pg_timeout_s": 60,
                                "step_delay_s": s.step_delay_s})

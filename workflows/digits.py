@@ -76,9 +76,16 @@ def arch_of(config: Mapping[str, Any]) -> dict[str, Any]:
             "activation": str(config.get("activation", "relu"))}
 
 
+def global_batch_of(config: Mapping[str, Any]) -> int:
+    """The global batch :func:`train_digits` (and :func:`train_digits_array`) pass to
+    ``ctx.steps`` for ``config``: the trial runners put it in each job's malleable options, so
+    the controller never sizes a trial past it (``AppTrialRunner(global_batch_of=...)``)."""
+    return int(config.get("batch_size", 64))
+
+
 def total_steps(config: Mapping[str, Any], dataset_size: int) -> int:
     """Optimizer steps for the budget in ``config`` (``epochs`` or ``samples``)."""
-    batch = int(config.get("batch_size", 64))
+    batch = global_batch_of(config)
     if "samples" in config:
         return max(1, math.ceil(float(config["samples"]) / batch))
     if "epochs" in config:
@@ -103,7 +110,7 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
     opt = TrialHparams.from_config({"lr": 1e-2, **config}).torch_optimizer(model.parameters())
     ctx.register(model=model, optimizer=opt)
     loss = math.nan
-    batch = int(config.get("batch_size", 64))
+    batch = global_batch_of(config)
     delay = float(ctx.options.get("step_delay_s", 0.0))  # emulate a heavier model (tests, demos)
     for step in ctx.steps(total_steps(config, len(Xtr)), global_batch=batch,
                           dataset_size=len(Xtr)):
@@ -138,7 +145,7 @@ def train_digits_array(ctx: Any, *, trials: list[dict[str, Any]], stops: list[in
     from malleparsl.apps.fused import train_array
 
     trials = [{**t, "config": {"lr": 1e-2, **t["config"]}} for t in trials]  # as train_digits
-    batch = int(trials[0]["config"].get("batch_size", 64))
+    batch = global_batch_of(trials[0]["config"])
     delay = float(ctx.options.get("step_delay_s", 0.0))
     if delay:  # the emulated heavier model costs each trial its delay: no free speed-up
         ctx.options["pace_s_per_sample"] = delay * len(trials) / max(1, batch)

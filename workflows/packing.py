@@ -227,9 +227,14 @@ class PackedTrialRunner(AppTrialRunner):
         arr = _Array(array_id, stage, directory, stops, [s.trial_id for _, s, _, _, _ in chunk])
         for _, s, _, fut, _ in chunk:
             arr.waiting[(s.trial_id, s.rung)] = (fut, end)
-        gb = int(first.config.get("batch_size", 64))
+        if self.global_batch_of is not None:  # its trials share all but per-trial keys (pack_key)
+            gb = int(self.global_batch_of(cfg))
+        else:
+            gb = int(first.config.get("batch_size", 64))
         opts: dict[str, Any] = {"job_id": array_id, "ckpt_dir": directory,
                                 "total_samples": float(len(chunk) * max(1, stops[-1] - start) * gb)}
+        if self.global_batch_of is not None:  # the controller caps the array's size at it
+            opts["global_batch"] = gb
         if self._array_app is None:
             from malleparsl.apps.decorator import malleable_app
 

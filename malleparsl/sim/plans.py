@@ -47,6 +47,7 @@ from malleparsl.plans import (
     MemoryBudgetError,
     MemoryProfile,
     PlanOptions,
+    cap_to_batch,
     local_batch,
     parse_plan,
 )
@@ -247,13 +248,13 @@ def plan_job(
     meta = {**spec.meta, "memory_profile": prof.as_dict(), "global_batch": gb,
             "ranks_per_node": rpn}
     dp_opts = PlanOptions(prof, gb, budget, ("dp",), rpn)
-    if spec.min_nodes > dp_opts.max_batch_nodes:
-        raise SpecError(f"job {spec.job_id!r}: min_nodes={spec.min_nodes} is too large: "
-                        f"{dp_opts.batch_text(spec.min_nodes)}")
+    try:  # no rank without a sample: capped, as the live controller caps (spec_from_options)
+        top = cap_to_batch(spec.min_nodes, spec.max_nodes, global_batch=gb, ranks_per_node=rpn)
+    except SpecError as e:
+        raise SpecError(f"job {spec.job_id!r}: {e}") from None
     n_dp = dp_opts.min_nodes(spec.max_nodes)
-    dp = None if n_dp is None else dataclasses.replace(  # no rank without a sample: capped
-        spec, min_nodes=max(spec.min_nodes, n_dp),
-        max_nodes=min(spec.max_nodes, dp_opts.max_batch_nodes), meta=meta)
+    dp = None if n_dp is None else dataclasses.replace(
+        spec, min_nodes=max(spec.min_nodes, n_dp), max_nodes=top, meta=meta)
     pc = plan_aware_curve(MeasuredPlusPlanCosts(prof, spec.curve, costs or PlanCosts(), rpn),
                           global_batch=gb, budget=budget, n_max=spec.max_nodes, bases=bases,
                           name=spec.job_id, ranks_per_node=rpn)

@@ -2,10 +2,11 @@
 
 The digits MLP with a global batch of 2 samples, ``max_nodes=3`` and 3 idle nodes:
 
-* without ``global_batch`` in its options the controller cannot know the batch and runs it on
-  all 3 nodes (measured before the cap, and still so): rank 2 gets no sample; the trajectory
-  is still the one-process one, and the driver's log now says which ranks train nothing and
-  how to cap;
+* without ``global_batch`` in its options the controller cannot know the batch and starts it
+  on all 3 nodes: rank 2 gets no sample; the driver's log says which ranks train nothing and
+  how to cap, and rank 0's first progress record carries the batch, so the controller caps
+  the job at 2 nodes from then on (before: it ran all its segments on 3); the trajectory is
+  the one-process one throughout;
 * with ``global_batch=2`` in its options it never runs on more than 2 nodes, with the same
   trajectory (before: 3 nodes, one idle rank);
 * ``min_nodes=3`` with ``global_batch=2`` fails its app future at submit with a SpecError,
@@ -60,33 +61,39 @@ def baseline():
 
 
 def run(ex, job_id: str, **options):  # noqa: ANN001, ANN201
-    """Run job_id (train_mlp, batch 2) to the end; its result and every (nodes, world size)
-    its segments ran at, sampled from the snapshots."""
+    """Run job_id (train_mlp, batch 2) to the end; its result and the (nodes, world size) its
+    segments ran at, in order, sampled from the snapshots."""
     app = malleable_app(min_nodes=1, max_nodes=3, torch_threads=1, pace_s_per_sample=5e-3,
                         **options)(train_mlp)
     fut = app(total_steps=STEPS, global_batch=2, dtype="float64",
               malleable_options={"job_id": job_id})
-    sizes = set()
+    sizes: list[tuple[int, int]] = []  # in the order seen
     deadline = time.monotonic() + NODE_TIMEOUT_S
     while not fut.done() and time.monotonic() < deadline:
         view = ex.snapshot().jobs.get(job_id)
         if view is not None and view.segment is not None and view.world_size:
-            sizes.add((len(view.nodes), view.world_size))
+            size = (len(view.nodes), view.world_size)
+            if not sizes or sizes[-1] != size:
+                sizes.append(size)
         time.sleep(0.02)
     return fut.result(timeout=1), sizes
 
 
-def test_without_the_option_surplus_ranks_idle_and_the_driver_says_how_to_cap(
+def test_without_the_option_surplus_ranks_idle_until_the_first_progress_caps_the_job(
         live, baseline, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="malleparsl.executors.driver")
-    result, sizes = run(live, "uncapped")
+    caplog.set_level(logging.WARNING, logger="malleparsl")
+    result, sizes = run(live, "uncapped", progress_interval_s=0.2)
     assert (3, 3) in sizes  # the controller could not know: all three nodes
+    assert (2, 2) in sizes  # until rank 0 said its batch: then two
+    assert sizes[-1] == (2, 2)  # and it stayed there
     got = [h["loss"] for h in result["history"]]
     assert result["steps"] == STEPS and got == pytest.approx(baseline, rel=0, abs=1e-12)
     said = [r.getMessage() for r in caplog.records if "uncapped" in r.getMessage()]
     assert any("global_batch=2 feeds only 2 of world_size=3 ranks: 1 rank(s) train nothing"
                in m and "Pass global_batch=2 in the app's malleable options" in m
                for m in said), said
+    capped = [m for m in said if "max_nodes 3 -> 2 from now on" in m]
+    assert len(capped) == 1 and "global_batch=2" in capped[0], said
 
 
 def test_the_option_caps_the_job_at_the_nodes_its_batch_feeds(live, baseline) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import Future
 
-from malleparsl.executors.driver import MalleableJob, ProgressReading
+from malleparsl.executors.driver import JobState, MalleableJob, ProgressReading
 from malleparsl.executors.protocol import progress_key
 from malleparsl.model import JobSpec
 from malleparsl.plans import MemoryProfile, parse_plan
@@ -170,3 +170,38 @@ def test_the_control_loop_reports_the_jobs_trained_samples_to_the_controller(tmp
               json.dumps({"time": 8.0, "samples_per_s": 50.0, "samples": 400.0}))
     loop._tick()
     assert loop.controller.jobs["p"].done_samples == 400.0
+
+
+def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tmp_path,
+                                                                              caplog) -> None:
+    """Rank 0's record carries the global batch ctx.steps splits; the control loop lowers the
+    job's bound to the nodes it feeds (2 ranks a node, batch 2: 1 node) for every later
+    decision, and says so once. Old code: the job kept its 3 nodes, 4 of 6 ranks idle."""
+    import logging
+
+    from malleparsl.executors.control import ControlLoop
+
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
+                       executor=ex, store=store, store_host="h", store_port=1,
+                       ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
+                       ranks_per_node=2)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b", "c"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    assert len(job.segment.nodes) == 3
+    for t in (7.0, 8.0):
+        store.set(progress_key("p", job.segment.index), json.dumps(
+            {"time": t, "samples_per_s": 50.0, "samples": 100.0 * t, "global_batch": 2}))
+        assert loop._tick() is (t == 7.0)  # the first record lowers the bound: replan
+    assert loop.controller.jobs["p"].node_cap == 1
+    loop._replan()
+    assert loop.controller.allocation.size("p") == 1
+    assert job.state is JobState.STOPPING  # to relaunch on the one node its batch feeds
+    said = [r.getMessage() for r in caplog.records if "max_nodes" in r.getMessage()]
+    assert said == ["job 'p': max_nodes 3 -> 1 from now on: its loop splits global_batch=2 "
+                    "samples a step (ctx.steps) over 2 rank(s) a node: past 1 node(s) a rank "
+                    "trains nothing; give global_batch=2 in its malleable options to cap it "
+                    "from submit"]

@@ -60,3 +60,80 @@ def test_min_nodes_past_the_cap_is_refused_naming_global_batch_ranks_and_size() 
 def test_a_global_batch_that_is_no_sample_count_is_refused(bad) -> None:  # noqa: ANN001
     with pytest.raises(SpecError, match=r"global_batch must be an integer >= 1"):
         spec_from_options({"job_id": "a", "max_nodes": 4, "global_batch": bad})
+
+
+# ---- learnt while running: a job without the option -------------------------------------
+def _running(advisor=None, nodes=8, **spec):  # noqa: ANN001, ANN003, ANN202
+    ctl = Controller(policy=make_policy("milp"), advisor=advisor or LinearPlaceholderAdvisor())
+    ctl.add_nodes([f"n{i}" for i in range(nodes)], now_s=0)
+    ctl.submit(spec_from_options({"job_id": "a", "max_nodes": 8, "total_samples": 1e9, **spec},
+                                 ranks_per_node=2), now_s=0)
+    ctl.replan(now_s=0)
+    return ctl
+
+
+def test_a_cap_learnt_while_running_bounds_every_later_decision(caplog) -> None:
+    """Old code: no way to lower a running job's bound; it kept all 8 nodes."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    ctl = _running()
+    assert ctl.allocation.size("a") == 8  # without the option the controller cannot know
+    assert ctl.cap_nodes("a", 3, why="its loop splits global_batch=6")
+    ctl.replan(now_s=1)
+    assert ctl.allocation.size("a") == 3 and ctl.jobs["a"].node_cap == 3
+    assert ctl.jobs["a"].spec.max_nodes == 8  # the submitted spec is kept
+    # said once, with the reason; the same or a looser cap changes nothing and says nothing
+    assert not ctl.cap_nodes("a", 3, why="again") and not ctl.cap_nodes("a", 5, why="looser")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["job 'a': max_nodes 8 -> 3 from now on: its loop splits global_batch=6"]
+    ctl.add_nodes(["m0", "m1"], now_s=2)
+    ctl.replan(now_s=2)
+    assert ctl.allocation.size("a") == 3
+    assert not [r for r in caplog.records if "invalid allocation" in r.getMessage()]
+
+
+def test_a_learnt_cap_keeps_min_nodes_and_narrows_an_advisors_view() -> None:
+    ctl = _running(min_nodes=4)
+    assert ctl.cap_nodes("a", 1, why="batch 2") and ctl.jobs["a"].node_cap == 4
+    ctl.replan(now_s=1)
+    assert ctl.allocation.size("a") == 4
+    assert not _running(max_nodes=2).cap_nodes("a", 3, why="above its max_nodes")
+
+    class Pinned(LinearPlaceholderAdvisor):  # an advisor that pins the job at 6 (a probe)
+        def views(self, snapshot, jobs, allocation):  # noqa: ANN001, ANN202
+            import dataclasses
+
+            return [dataclasses.replace(v, min_nodes=6, max_nodes=6)
+                    for v in super().views(snapshot, jobs, allocation)]
+
+    ctl = _running(advisor=Pinned())
+    assert ctl.allocation.size("a") == 6
+    ctl.cap_nodes("a", 3, why="batch 6")
+    ctl.replan(now_s=1)
+    assert ctl.allocation.size("a") == 3
+
+
+@pytest.mark.parametrize("policy", ["equal-share", "greedy", "hold", "milp-horizon", "jpa"])
+def test_every_policy_shrinks_a_running_job_to_its_learnt_cap(policy, caplog) -> None:
+    """The job holds 8 nodes when the cap comes (with the JPA after probing and growing)."""
+    import logging
+
+    from malleparsl.executors.planning import build_policy
+
+    caplog.set_level(logging.ERROR, logger="malleparsl.controller")
+    pol, adv = build_policy(policy, {}, None)
+    ctl = Controller(policy=pol, advisor=adv)
+    ctl.add_nodes([f"n{i}" for i in range(8)], now_s=0)
+    ctl.submit(spec_from_options({"job_id": "a", "max_nodes": 8, "total_samples": 1e9},
+                                 ranks_per_node=2), now_s=0)
+    for t in range(0, 200, 10):  # a job that scales: 100 n^0.8 samples/s
+        ctl.replan(now_s=t)
+        if n := ctl.allocation.size("a"):
+            ctl.observe("a", n_nodes=n, samples_per_s=100.0 * n ** 0.8, now_s=t + 5)
+    assert ctl.allocation.size("a") == 8
+    ctl.cap_nodes("a", 3, why="batch 6")
+    for t in range(200, 300, 10):
+        ctl.replan(now_s=t)
+        assert ctl.allocation.size("a") == 3
+    assert not [r for r in caplog.records if "invalid allocation" in r.getMessage()]

@@ -46,3 +46,94 @@ def test_app_runner_puts_the_budget_in_the_config_and_checks_its_arguments():
         AppTrialRunner(train_fn=train_digits, min_nodes=3, max_nodes=2)
     with pytest.raises(SpecError, match="budget_unit"):
         AppTrialRunner(train_fn=train_digits, budget_unit="steps")
+
+
+class _Recorder:
+    """Stands in for the malleable app: keeps the options each call would submit with."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, malleable_options=None, **kwargs):
+        import concurrent.futures as cf
+
+        self.calls.append(dict(malleable_options or {}))
+        return cf.Future()
+
+
+def _spec(runner, opts, ranks_per_node):
+    """The controller's spec of one submitted trial: the app's options, then the call's."""
+    from malleparsl.executors.planning import spec_from_options
+
+    return spec_from_options({**runner.options, "min_nodes": runner.min_nodes,
+                              "max_nodes": runner.max_nodes, **opts},
+                             ranks_per_node=ranks_per_node)
+
+
+def test_app_runner_caps_each_trial_at_the_global_batch_its_training_function_uses(tmp_path):
+    from malleparsl.workflows.digits import global_batch_of
+
+    r = AppTrialRunner(train_fn=train_digits, max_nodes=8, global_batch_of=global_batch_of,
+                       ckpt_root=tmp_path)
+    r._app = rec = _Recorder()
+    r._submit("search", Suggestion("t0", {**CFG, "batch_size": 6}, budget=1), "search-t0-r0",
+              str(tmp_path / "t0"))
+    opts = rec.calls[-1]
+    # the batch train_digits splits (config batch_size), so ctx.steps agrees with the option
+    assert opts["global_batch"] == 6
+    assert _spec(r, opts, 2).max_nodes == 3 and _spec(r, opts, 1).max_nodes == 6
+    # without it the runner cannot know what train_fn does with its config: no cap
+    plain = AppTrialRunner(train_fn=train_digits, max_nodes=8)
+    plain._app = rec = _Recorder()
+    plain._submit("search", Suggestion("t0", {**CFG, "batch_size": 6}, budget=1), "j", None)
+    assert "global_batch" not in rec.calls[-1] and _spec(plain, rec.calls[-1], 2).max_nodes == 8
+    with pytest.raises(SpecError, match="global_batch_of"):
+        AppTrialRunner(train_fn=train_digits, global_batch_of=6)
+
+
+def test_packed_runner_caps_each_array_at_its_trials_global_batch(tmp_path):
+    from malleparsl.workflows.digits import global_batch_of, steps_of, train_digits_array
+    from malleparsl.workflows.packing import PackedTrialRunner
+
+    r = PackedTrialRunner(array_fn=train_digits_array, steps_of=steps_of, pack=2,
+                          train_fn=train_digits, max_nodes=8, ckpt_root=str(tmp_path),
+                          global_batch_of=global_batch_of, budget_unit="samples")
+    try:
+        r._array_app = rec = _Recorder()
+        chunk = [("search", Suggestion(t, {**CFG, "batch_size": 5, "lr": lr}, budget=50),
+                  str(tmp_path / t), None, 0.0) for t, lr in (("a", 0.1), ("b", 0.01))]
+        r._launch(chunk)
+        opts = rec.calls[-1]
+        assert opts["global_batch"] == 5  # train_digits_array's batch for these trials
+        assert opts["total_samples"] == 2 * steps_of({**CFG, "batch_size": 5, "samples": 50}) * 5
+        assert _spec(r, opts, 2).max_nodes == 2 and _spec(r, opts, 1).max_nodes == 5
+    finally:
+        r.close()
+
+
+def test_global_batch_of_is_the_batch_the_digits_functions_give_ctx_steps(tmp_path):
+    """The option the runners pass is checked by ctx.steps against the loop's own batch: it
+    agrees for train_digits and train_digits_array, a different value fails the trial."""
+    from malleparsl.apps.context import TrainContext
+    from malleparsl.workflows.digits import global_batch_of, steps_of, train_digits_array
+
+    cfg = {**CFG, "batch_size": 32, "samples": 320}
+    for name, gb in (("alone", global_batch_of(cfg)), ("other", global_batch_of(cfg) + 1)):
+        ctx = TrainContext.local(ckpt_dir=str(tmp_path / name), torch_threads=1, global_batch=gb)
+        try:
+            if name == "alone":
+                assert train_digits(ctx, cfg)["samples"] == 320.0
+            else:
+                with pytest.raises(SpecError, match=r"ctx.steps\(global_batch=32\) disagrees"):
+                    train_digits(ctx, cfg)
+        finally:
+            ctx.close()
+    assert global_batch_of({}) == 64  # train_digits' default batch
+    ctx = TrainContext.local(ckpt_dir=str(tmp_path / "arr"), torch_threads=1,
+                             global_batch=global_batch_of(cfg))
+    trials = [{"trial_id": t, "config": {**cfg, "lr": lr}, "dir": str(tmp_path / t), "seed": 0,
+               "start_step": None} for t, lr in (("a", 1e-2), ("b", 3e-3))]
+    try:
+        assert train_digits_array(ctx, trials=trials, stops=[steps_of(cfg)])["steps"] == 10
+    finally:
+        ctx.close()

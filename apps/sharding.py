@@ -45,6 +45,7 @@ def check_global_batch(global_batch: int, world_size: int, *, option: int | None
     controller could not know it. It is not an error: the size is the controller's choice, not
     a mistake of the running job, and failing the job there would lose its training.
     """
+    _positive_int(global_batch, "global_batch", "e.g. global_batch=64")  # compared below
     if option is not None and option != global_batch:
         raise SpecError(
             f"ctx.steps(global_batch={global_batch}) disagrees with the malleable option "

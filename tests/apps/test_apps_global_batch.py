@@ -101,3 +101,19 @@ def test_a_fused_trial_array_past_its_batch_trains_each_trial_as_alone(tmp_path)
         want, _ = train_alone(t["config"], seed=t["seed"], steps=10, global_batch=2,
                               build=build_mlp)
         assert len(got) == 10 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
+
+
+@pytest.mark.parametrize("bad", ["64", 0])
+def test_a_global_batch_that_is_no_sample_count_is_refused_before_any_notice(bad,
+                                                                             caplog) -> None:
+    """Old code: check_global_batch compared first, so "64" (a batch read from a text config)
+    raised a bare TypeError from inside ctx.steps, and 0 logged a warning advising
+    global_batch=0 in the options, before the sampler's SpecError."""
+    caplog.set_level(logging.WARNING, logger="malleparsl.apps.context")
+    ctx = _ctx()
+    try:
+        with pytest.raises(SpecError, match=r"global_batch must be an integer >= 1, got "):
+            next(ctx.steps(3, global_batch=bad, dataset_size=100))
+        assert ctx.notice is None and not caplog.records
+    finally:
+        ctx.close()

@@ -205,3 +205,30 @@ def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tm
                     "samples a step (ctx.steps) over 2 rank(s) a node: past 1 node(s) a rank "
                     "trains nothing; give global_batch=2 in its malleable options to cap it "
                     "from submit"]
+
+
+def test_a_learnt_cap_below_one_node_says_to_raise_the_batch_not_to_name_it(tmp_path,
+                                                                          caplog) -> None:
+    """4 ranks a node, a loop batch of 2: the job keeps its one node (min_nodes) and the
+    warning says what helps. Old code: 'past 0 node(s) a rank trains nothing; give
+    global_batch=2 in its malleable options', an option that refuses the job at submit."""
+    import logging
+
+    from malleparsl.executors.control import ControlLoop
+
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
+                       executor=ex, store=store, store_host="h", store_port=1,
+                       ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
+                       ranks_per_node=4)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b", "c"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    assert loop._cap_to_batch("p", job, 2) and loop.controller.jobs["p"].node_cap == 1
+    said = [r.getMessage() for r in caplog.records if "max_nodes" in r.getMessage()]
+    assert said == ["job 'p': max_nodes 3 -> 1 from now on: its loop splits global_batch=2 "
+                    "samples a step (ctx.steps) over 4 rank(s) a node: global_batch=2 has "
+                    "fewer samples than one node's 4 ranks, so some rank trains nothing at any "
+                    "size: raise global_batch to at least 4 or run fewer ranks per node"]

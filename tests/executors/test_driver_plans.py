@@ -232,3 +232,30 @@ def test_a_learnt_cap_below_one_node_says_to_raise_the_batch_not_to_name_it(tmp_
                     "samples a step (ctx.steps) over 4 rank(s) a node: global_batch=2 has "
                     "fewer samples than one node's 4 ranks, so some rank trains nothing at any "
                     "size: raise global_batch to at least 4 or run fewer ranks per node"]
+
+
+def test_a_learnt_cap_lowers_the_jobs_demand_the_pilot_scavengers_hold_nodes_for(tmp_path) -> None:
+    """The site configs' demand hook (jobs_demand) sums the snapshot's max_nodes: the learnt
+    cap must show there, or a pilot scavenger keeps holding nodes the controller never gives
+    the job. Old code: the snapshot kept the submitted max_nodes=3 (demand 3, 2 nodes idle)."""
+    from types import SimpleNamespace
+
+    from malleparsl.executors.control import ControlLoop
+    from malleparsl.executors.snapshot import take_snapshot
+    from malleparsl.site_configs.common import jobs_demand
+
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
+                       executor=ex, store=store, store_host="h", store_port=1,
+                       ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
+                       ranks_per_node=2)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b", "c"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    executor = SimpleNamespace(control=loop, snapshot=lambda: take_snapshot(loop))
+    assert take_snapshot(loop).jobs["p"].max_nodes == 3 and jobs_demand(executor) == 3
+    store.set(progress_key("p", job.segment.index), json.dumps(
+        {"time": 7.0, "samples_per_s": 50.0, "samples": 700.0, "global_batch": 2}))
+    assert loop._tick()
+    assert take_snapshot(loop).jobs["p"].max_nodes == 1 and jobs_demand(executor) == 1

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from malleparsl.errors import SpecError
-from malleparsl.plans import batch_max_nodes
+from malleparsl.plans import batch_below_node, batch_max_nodes
 
 
 def _positive_int(value: Any, name: str, fix: str) -> int:
@@ -45,6 +45,7 @@ def check_global_batch(global_batch: int, world_size: int, *, option: int | None
     controller could not know it. It is not an error: the size is the controller's choice, not
     a mistake of the running job, and failing the job there would lose its training.
     """
+    _positive_int(global_batch, "global_batch", "e.g. global_batch=64")  # compared below
     if option is not None and option != global_batch:
         raise SpecError(
             f"ctx.steps(global_batch={global_batch}) disagrees with the malleable option "
@@ -55,14 +56,15 @@ def check_global_batch(global_batch: int, world_size: int, *, option: int | None
         )
     if world_size <= global_batch:
         return None
+    fix = batch_below_node(global_batch, ranks_per_node) or (
+        f"Pass global_batch={global_batch} in the app's malleable options (e.g. "
+        f"@malleable_app(global_batch={global_batch}, ...)) so the controller never sizes the "
+        f"job past {batch_max_nodes(global_batch, ranks_per_node)} node(s) of "
+        f"{ranks_per_node} rank(s)")
     return (
         f"global_batch={global_batch} feeds only {global_batch} of world_size={world_size} "
         f"ranks: {world_size - global_batch} rank(s) train nothing (a local batch of 0; the "
-        "result stays right) and hold their node(s) for nothing. Pass "
-        f"global_batch={global_batch} in the app's malleable options (e.g. "
-        f"@malleable_app(global_batch={global_batch}, ...)) so the controller never sizes the "
-        f"job past {batch_max_nodes(global_batch, ranks_per_node)} node(s) of "
-        f"{ranks_per_node} rank(s)"
+        f"result stays right) and hold their node(s) for nothing. {fix}"
     )
 
 

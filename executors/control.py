@@ -36,7 +36,7 @@ from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_
 from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
-from malleparsl.plans import MemoryBudgetError, batch_max_nodes
+from malleparsl.plans import MemoryBudgetError, batch_below_node, batch_max_nodes
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -420,10 +420,12 @@ class ControlLoop:
         nodes than give each rank a sample (one that named the option was capped at submit);
         True if that lowered its bound (replan: it may hold nodes that train nothing)."""
         top = batch_max_nodes(global_batch, job.ranks_per_node)
+        fix = batch_below_node(global_batch, job.ranks_per_node) or (
+            f"past {top} node(s) a rank trains nothing; give global_batch={global_batch} in "
+            "its malleable options to cap it from submit")
         return self.controller.cap_nodes(job_id, top, why=(
             f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
-            f"{job.ranks_per_node} rank(s) a node: past {top} node(s) a rank trains nothing; "
-            f"give global_batch={global_batch} in its malleable options to cap it from submit"))
+            f"{job.ranks_per_node} rank(s) a node: {fix}"))
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

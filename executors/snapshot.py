@@ -38,7 +38,7 @@ class JobView:
 
     job_id: str
     state: str  # "waiting", "running", "stopping", "done"
-    max_nodes: int
+    max_nodes: int  # the bound the controller plans with (below the spec's once it learnt a cap)
     segment: int | None  # index of the running segment
     nodes: tuple[str, ...]  # the running segment's nodes
     world_size: int  # ranks of the running segment (nodes x ranks per node)
@@ -72,14 +72,17 @@ class ControlSnapshot:
                 if r.pause_s is not None and r.kind in kinds]
 
 
-def job_view(job: Any) -> JobView:
+def job_view(job: Any, node_cap: int | None = None) -> JobView:
+    """``node_cap``: the controller's bound learnt while the job runs (``JobState.node_cap``);
+    the site configs' demand hooks read ``max_nodes``, so a pilot scavenger holds no node the
+    controller would never give the job."""
     seg = job.segment
     last = getattr(job, "last_progress", None) or {}
     current = seg is not None and last.get("segment") == seg.index
     return JobView(
         job_id=job.job_id,
         state=job.state.value,
-        max_nodes=job.spec.max_nodes,
+        max_nodes=job.spec.max_nodes if node_cap is None else min(job.spec.max_nodes, node_cap),
         segment=seg.index if seg is not None else None,
         nodes=tuple(seg.nodes) if seg is not None else (),
         world_size=seg.world_size if seg is not None else 0,
@@ -107,5 +110,6 @@ def take_snapshot(loop: Any) -> ControlSnapshot:
         nodes=frozenset(loop.controller.nodes),
         used_nodes=frozenset(loop.controller.allocation.used_nodes),
         replans=loop.replans,
-        jobs=MappingProxyType({k: job_view(j) for k, j in loop.jobs.items()}),
+        jobs=MappingProxyType({k: job_view(j, getattr(loop.controller.jobs.get(k), "node_cap", None))
+                               for k, j in loop.jobs.items()}),
     )

@@ -288,6 +288,17 @@ def batch_text(nodes: int, global_batch: int, ranks_per_node: int = 1) -> str:
             f"{batch_max_nodes(global_batch, ranks_per_node)} node(s))")
 
 
+def batch_below_node(global_batch: int, ranks_per_node: int = 1) -> str | None:
+    """When one node's ranks outnumber the global batch's samples (None otherwise): the fix.
+    Naming the batch in the options cannot help then (every job needs a node: the cap refuses
+    it at submit), and a smaller ``min_nodes`` does not exist."""
+    if batch_max_nodes(global_batch, ranks_per_node):
+        return None
+    return (f"global_batch={global_batch} has fewer samples than one node's "
+            f"{ranks_per_node} ranks, so some rank trains nothing at any size: raise "
+            f"global_batch to at least {ranks_per_node} or run fewer ranks per node")
+
+
 def cap_to_batch(min_nodes: int, max_nodes: int, *, global_batch: int,
                  ranks_per_node: int = 1) -> int:
     """``max_nodes`` lowered to :func:`batch_max_nodes`; a ``min_nodes`` already above it is a
@@ -295,9 +306,10 @@ def cap_to_batch(min_nodes: int, max_nodes: int, *, global_batch: int,
     ``max_nodes`` is not: it is a cap)."""
     top = batch_max_nodes(global_batch, ranks_per_node)
     if min_nodes > top:
+        fix = batch_below_node(global_batch, ranks_per_node) or (
+            "lower min_nodes or raise global_batch")
         raise SpecError(f"min_nodes={min_nodes} is too large: "
-                        f"{batch_text(min_nodes, global_batch, ranks_per_node)}; "
-                        "lower min_nodes or raise global_batch")
+                        f"{batch_text(min_nodes, global_batch, ranks_per_node)}; {fix}")
     return min(max_nodes, top)
 
 

@@ -69,8 +69,9 @@ class AppTrialRunner(TrialRunner):
         :func:`malleparsl.workflows.digits.global_batch_of`). Each trial's job then carries it
         as its malleable option ``global_batch``, so the controller never gives a trial more
         nodes than its batch has samples for its ranks. ``None`` (the runner cannot know what
-        a training function does with its config): trials are not capped, and ``ctx.steps``
-        warns when ranks are left without a sample. It must be the value ``ctx.steps`` gets:
+        a training function does with its config): a trial is capped only once its first
+        progress record says its batch, and ``ctx.steps`` warns when ranks are left without
+        a sample. It must be the value ``ctx.steps`` gets:
         a different one fails the trial (``SpecError``).
     malleable
         False runs every trial as a plain one-node task (no resizing).

@@ -101,3 +101,34 @@ def test_a_fused_trial_array_past_its_batch_trains_each_trial_as_alone(tmp_path)
         want, _ = train_alone(t["config"], seed=t["seed"], steps=10, global_batch=2,
                               build=build_mlp)
         assert len(got) == 10 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
+
+
+@pytest.mark.parametrize("bad", ["64", 0])
+def test_a_global_batch_that_is_no_sample_count_is_refused_before_any_notice(bad,
+                                                                             caplog) -> None:
+    """Old code: check_global_batch compared first, so "64" (a batch read from a text config)
+    raised a bare TypeError from inside ctx.steps, and 0 logged a warning advising
+    global_batch=0 in the options, before the sampler's SpecError."""
+    caplog.set_level(logging.WARNING, logger="malleparsl.apps.context")
+    ctx = _ctx()
+    try:
+        with pytest.raises(SpecError, match=r"global_batch must be an integer >= 1, got "):
+            next(ctx.steps(3, global_batch=bad, dataset_size=100))
+        assert ctx.notice is None and not caplog.records
+    finally:
+        ctx.close()
+
+
+def test_a_batch_smaller_than_one_nodes_ranks_is_not_told_to_name_the_option() -> None:
+    """Old code advised global_batch=2 in the options "so the controller never sizes the job
+    past 0 node(s)": that option refuses the job at submit (cap_to_batch)."""
+    from malleparsl.plans import cap_to_batch
+
+    note = check_global_batch(2, 4, ranks_per_node=4)
+    assert "2 rank(s) train nothing" in note and "Pass global_batch" not in note
+    assert note.endswith("global_batch=2 has fewer samples than one node's 4 ranks, so some "
+                         "rank trains nothing at any size: raise global_batch to at least 4 or "
+                         "run fewer ranks per node")
+    with pytest.raises(SpecError):  # what following the old advice did
+        cap_to_batch(1, 1, global_batch=2, ranks_per_node=4)
+    assert "Pass global_batch=2" in check_global_batch(2, 8, ranks_per_node=2)  # 1 node feeds

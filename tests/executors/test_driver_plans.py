@@ -172,6 +172,22 @@ def test_the_control_loop_reports_the_jobs_trained_samples_to_the_controller(tmp
     assert loop.controller.jobs["p"].done_samples == 400.0
 
 
+def _running_loop(tmp_path, *, ranks_per_node):  # noqa: ANN001, ANN202
+    """A control loop running job "p" (no global_batch option, max_nodes=3) on 3 nodes."""
+    from malleparsl.executors.control import ControlLoop
+
+    ex, store = Submits(), DictStore()
+    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
+                       executor=ex, store=store, store_host="h", store_port=1,
+                       ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
+                       ranks_per_node=ranks_per_node)
+    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
+    loop.controller.add_nodes(["a", "b", "c"], now_s=0)
+    loop._handle(("submit", job))
+    loop._replan()
+    return loop, job, store
+
+
 def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tmp_path,
                                                                               caplog) -> None:
     """Rank 0's record carries the global batch ctx.steps splits; the control loop lowers the
@@ -179,18 +195,8 @@ def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tm
     decision, and says so once. Old code: the job kept its 3 nodes, 4 of 6 ranks idle."""
     import logging
 
-    from malleparsl.executors.control import ControlLoop
-
     caplog.set_level(logging.WARNING, logger="malleparsl.controller")
-    ex, store = Submits(), DictStore()
-    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
-                       executor=ex, store=store, store_host="h", store_port=1,
-                       ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
-                       ranks_per_node=2)
-    loop = ControlLoop(executor=ex, policy="equal-share", ckpt_root=str(tmp_path))
-    loop.controller.add_nodes(["a", "b", "c"], now_s=0)
-    loop._handle(("submit", job))
-    loop._replan()
+    loop, job, store = _running_loop(tmp_path, ranks_per_node=2)
     assert len(job.segment.nodes) == 3
     for t in (7.0, 8.0):
         store.set(progress_key("p", job.segment.index), json.dumps(
@@ -205,3 +211,38 @@ def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tm
                     "samples a step (ctx.steps) over 2 rank(s) a node: past 1 node(s) a rank "
                     "trains nothing; give global_batch=2 in its malleable options to cap it "
                     "from submit"]
+
+
+def test_a_learnt_cap_below_one_node_says_to_raise_the_batch_not_to_name_it(tmp_path,
+                                                                          caplog) -> None:
+    """4 ranks a node, a loop batch of 2: the job keeps its one node (min_nodes) and the
+    warning says what helps. Old code: 'past 0 node(s) a rank trains nothing; give
+    global_batch=2 in its malleable options', an option that refuses the job at submit."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    loop, job, store = _running_loop(tmp_path, ranks_per_node=4)
+    assert loop._cap_to_batch("p", job, 2) and loop.controller.jobs["p"].node_cap == 1
+    said = [r.getMessage() for r in caplog.records if "max_nodes" in r.getMessage()]
+    assert said == ["job 'p': max_nodes 3 -> 1 from now on: its loop splits global_batch=2 "
+                    "samples a step (ctx.steps) over 4 rank(s) a node: global_batch=2 has "
+                    "fewer samples than one node's 4 ranks, so some rank trains nothing at any "
+                    "size: raise global_batch to at least 4 or run fewer ranks per node"]
+
+
+def test_a_learnt_cap_lowers_the_jobs_demand_the_pilot_scavengers_hold_nodes_for(tmp_path) -> None:
+    """The site configs' demand hook (jobs_demand) sums the snapshot's max_nodes: the learnt
+    cap must show there, or a pilot scavenger keeps holding nodes the controller never gives
+    the job. Old code: the snapshot kept the submitted max_nodes=3 (demand 3, 2 nodes idle)."""
+    from types import SimpleNamespace
+
+    from malleparsl.executors.snapshot import take_snapshot
+    from malleparsl.site_configs.common import jobs_demand
+
+    loop, job, store = _running_loop(tmp_path, ranks_per_node=2)
+    executor = SimpleNamespace(control=loop, snapshot=lambda: take_snapshot(loop))
+    assert take_snapshot(loop).jobs["p"].max_nodes == 3 and jobs_demand(executor) == 3
+    store.set(progress_key("p", job.segment.index), json.dumps(
+        {"time": 7.0, "samples_per_s": 50.0, "samples": 700.0, "global_batch": 2}))
+    assert loop._tick()
+    assert take_snapshot(loop).jobs["p"].max_nodes == 1 and jobs_demand(executor) == 1

@@ -137,3 +137,13 @@ def test_every_policy_shrinks_a_running_job_to_its_learnt_cap(policy, caplog) ->
         ctl.replan(now_s=t)
         assert ctl.allocation.size("a") == 3
     assert not [r for r in caplog.records if "invalid allocation" in r.getMessage()]
+
+
+def test_a_batch_smaller_than_one_nodes_ranks_is_refused_with_a_fix_that_exists() -> None:
+    """Old code: '...; lower min_nodes or raise global_batch', with min_nodes=1 (no smaller
+    one exists)."""
+    with pytest.raises(SpecError, match=r"at most 0 node\(s\)\); global_batch=3 has fewer "
+                       r"samples than one node's 4 ranks, .*raise global_batch to at least 4 "
+                       r"or run fewer ranks per node$") as e:
+        spec_from_options({"job_id": "a", "global_batch": 3}, ranks_per_node=4)
+    assert "lower min_nodes" not in str(e.value)

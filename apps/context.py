@@ -507,7 +507,7 @@ class TrainContext:
         driver's (:func:`~malleparsl.apps.sharding.check_global_batch`). Restores the latest
         checkpoint first (unless :meth:`restore` was called).
         """
-        from malleparsl.plans import global_batch_option
+        from malleparsl.plans import global_batch_option, splits_for
 
         option = global_batch_option(self.options)
         if global_batch is None:
@@ -526,12 +526,16 @@ class TrainContext:
                     "ctx.steps(): give total_steps, or total_samples in @malleable_app(...)"
                 )
             total_steps = math.ceil(float(total) / global_batch)
-        if self.plan.fsdp and self.world_size > 1 and global_batch % self.world_size:
+        if not splits_for(self.plan, global_batch, self.world_size):
+            fix = (f"pass global_batch={global_batch} in the app's malleable options (e.g. "
+                   f"@malleable_app(global_batch={global_batch}, ...)): the size is the "
+                   "controller's choice, and with the option it gives the job only node counts "
+                   "whose ranks split the batch evenly" if option is None else
+                   "run another plan or size")
             raise SpecError(
                 f"plan {self.plan.name!r} needs the global batch to split evenly over the ranks "
                 f"(every rank runs as many passes: FSDP2's collectives are inside them); "
-                f"global_batch={global_batch} over {self.world_size} ranks does not: run "
-                "another plan or size"
+                f"global_batch={global_batch} over {self.world_size} ranks does not: {fix}"
             )
         self.sampler = GlobalBatchSampler(
             dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,

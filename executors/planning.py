@@ -69,6 +69,10 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     ``global_batch``, with automatic plans or not, is never sized past the point where every
     one of its ``ranks_per_node`` ranks per node gets a sample
     (:func:`malleparsl.plans.cap_to_batch`): without it the controller cannot know the batch.
+    With a fixed ``plan`` of the FSDP2 family it also gets only the node counts whose ranks
+    split the batch evenly (:func:`malleparsl.plans.fixed_plan_sizes`): its bounds narrowed to
+    them and, where some count in between does not, the list in ``meta["sizes"]``, which the
+    controller puts in the job's views (``JobView.sizes``).
     """
     if not isinstance(options, Mapping):
         raise SpecError(
@@ -91,7 +95,13 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
                 f"{curve!r}; e.g. curve=[[1, 100.0], [2, 180.0]]"
             ) from None
         curve = ScalingCurve.from_points(points, name=str(job_id))
-    from malleparsl.plans import cap_to_batch, global_batch_option, node_budget
+    from malleparsl.plans import (
+        cap_to_batch,
+        fixed_plan_sizes,
+        global_batch_option,
+        node_budget,
+        parse_plan,
+    )
 
     # a budget that is no number of bytes, or two that disagree, is refused here, at submit,
     # as with automatic plans; not by every rank's prepare() once the job holds its nodes
@@ -107,6 +117,13 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     if gb is not None:  # every rank needs a sample, with automatic plans or not
         kw["max_nodes"] = cap_to_batch(int(kw.get("min_nodes", 1)), int(kw["max_nodes"]),
                                        global_batch=gb, ranks_per_node=ranks_per_node)
+        if options.get("plan") not in (None, "auto"):  # a fixed plan: the sizes it splits at
+            sizes = fixed_plan_sizes(parse_plan(options["plan"]), int(kw.get("min_nodes", 1)),
+                                     int(kw["max_nodes"]), global_batch=gb,
+                                     ranks_per_node=ranks_per_node)
+            kw["min_nodes"], kw["max_nodes"] = sizes[0], sizes[-1]
+            if len(sizes) != sizes[-1] - sizes[0] + 1:  # holes: the views list the sizes
+                kw["meta"] = {**kw.get("meta", {}), "sizes": sizes}
     return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
 
 

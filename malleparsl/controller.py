@@ -318,7 +318,7 @@ class Controller:
         views = self.advisor.views(snap, active, self.allocation)
         if self.plans is not None:
             views = self.plans.adjust(snap, views)
-        views = self._capped(views)
+        views = self._capped(self._sized(views))
         t0 = time.perf_counter()
         answer = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0
@@ -371,6 +371,21 @@ class Controller:
             cap = self.jobs[v.job_id].node_cap
             if cap is not None and v.hi > cap:
                 v = dataclasses.replace(v, min_nodes=min(v.lo, cap), max_nodes=cap)
+            out.append(v)
+        return out
+
+    def _sized(self, views: list[JobView]) -> list[JobView]:
+        """The views with the sizes a job's spec limits it to (``meta["sizes"]``: a fixed
+        FSDP2 plan runs only where its ranks split the global batch evenly,
+        :func:`~malleparsl.executors.planning.spec_from_options`), within any the plan advisor
+        listed; whichever advisor made the view."""
+        out = []
+        for v in views:
+            meta = self.jobs[v.job_id].spec.meta
+            fixed = meta.get("sizes") if meta else None
+            if fixed is not None:
+                keep = fixed if v.sizes is None else sorted(set(fixed) & set(v.sizes))
+                v = dataclasses.replace(v, sizes=tuple(keep))
             out.append(v)
         return out
 

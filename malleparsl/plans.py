@@ -260,11 +260,18 @@ def candidate_plans(global_batch: int, n: int, *, bases: Iterable[str] = FAMILIE
         ckpt, zero, fsdp = BASES["dp" if b == "accum" else b]
         if (zero or fsdp) and n == 1:
             continue  # nothing to shard over
-        if fsdp and global_batch % n:
+        if fsdp and not splits_for(ExecPlan(fsdp=True), global_batch, n):
             continue  # uneven local batches: unequal passes would deadlock FSDP2's collectives
         sizes = [None] if b == "dp" else mbs[1:] if b == "accum" else mbs
         out += [ExecPlan(checkpoint=ckpt, zero=zero, micro_batch=x, fsdp=fsdp) for x in sizes]
     return out
+
+
+def splits_for(plan: ExecPlan, global_batch: int, ranks: int) -> bool:
+    """Whether ``plan`` can split ``global_batch`` over ``ranks`` ranks: FSDP2 needs equal
+    local batches (so every rank runs as many passes; it runs unsharded on one rank), every
+    other plan takes any split."""
+    return not plan.fsdp or ranks == 1 or global_batch % ranks == 0
 
 
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
@@ -311,6 +318,26 @@ def cap_to_batch(min_nodes: int, max_nodes: int, *, global_batch: int,
         raise SpecError(f"min_nodes={min_nodes} is too large: "
                         f"{batch_text(min_nodes, global_batch, ranks_per_node)}; {fix}")
     return min(max_nodes, top)
+
+
+def fixed_plan_sizes(plan: ExecPlan, min_nodes: int, max_nodes: int, *, global_batch: int,
+                     ranks_per_node: int = 1) -> tuple[int, ...]:
+    """The node counts in ``min_nodes..max_nodes`` at which the fixed ``plan`` splits the
+    global batch (:func:`splits_for`): what the controller may give a job that runs it.
+
+    The size is the controller's choice, not the user's: a job with ``plan="fsdp"`` and
+    ``global_batch=64`` given 3 nodes would fail in ``ctx.steps``. No such count is a
+    :class:`SpecError` at submit naming global_batch, ranks_per_node and the plan."""
+    sizes = tuple(n for n in range(min_nodes, max_nodes + 1)
+                  if splits_for(plan, global_batch, n * ranks_per_node))
+    if not sizes:
+        raise SpecError(
+            f"plan {plan.name!r} needs global_batch={global_batch} to split evenly over the "
+            f"ranks, and no size from min_nodes={min_nodes} to max_nodes={max_nodes} node(s) "
+            f"of ranks_per_node={ranks_per_node} rank(s) does; choose a global_batch that "
+            f"is a multiple of some node count x {ranks_per_node}, widen min_nodes..max_nodes "
+            "or run another plan (e.g. plan='zero1', or automatic plans)")
+    return sizes
 
 
 def global_batch_option(options: Mapping[str, Any]) -> int | None:

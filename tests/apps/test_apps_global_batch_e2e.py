@@ -9,6 +9,9 @@ The digits MLP with a global batch of 2 samples, ``max_nodes=3`` and 3 idle node
   the one-process one throughout;
 * with ``global_batch=2`` in its options it never runs on more than 2 nodes, with the same
   trajectory (before: 3 nodes, one idle rank);
+* a fixed FSDP2 plan (``plan="fsdp"``, ``global_batch=64``) runs only at node counts whose ranks
+  split the batch evenly: 1 or 2 of the 3 idle nodes, never 3 (before: 3 nodes, then
+  ``ctx.steps``' SpecError failed the job), with the one-process trajectory;
 * ``min_nodes=3`` with ``global_batch=2`` fails its app future at submit with a SpecError,
   and an option that disagrees with the loop's batch fails it before the first step.
 """
@@ -26,6 +29,7 @@ pytest.importorskip("torch.distributed")
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
+from malleparsl.apps.examples_plans import train_blocks  # noqa: E402
 from malleparsl.errors import SpecError  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
 from malleparsl.site_configs.local import local_config  # noqa: E402
@@ -60,12 +64,12 @@ def baseline():
         options={"torch_threads": 1})["history"]]
 
 
-def run(ex, job_id: str, **options):  # noqa: ANN001, ANN201
-    """Run job_id (train_mlp, batch 2) to the end; its result and the (nodes, world size) its
-    segments ran at, in order, sampled from the snapshots."""
-    app = malleable_app(min_nodes=1, max_nodes=3, torch_threads=1, pace_s_per_sample=5e-3,
-                        **options)(train_mlp)
-    fut = app(total_steps=STEPS, global_batch=2, dtype="float64",
+def run(ex, job_id: str, fn=train_mlp, batch=2, pace=5e-3, **options):  # noqa: ANN001, ANN201
+    """Run job_id (``fn``, train_mlp with batch 2 by default) to the end; its result and the
+    (nodes, world size) its segments ran at, in order, sampled from the snapshots."""
+    app = malleable_app(min_nodes=1, max_nodes=3, torch_threads=1, pace_s_per_sample=pace,
+                        **options)(fn)
+    fut = app(total_steps=STEPS, global_batch=batch, dtype="float64",
               malleable_options={"job_id": job_id})
     sizes: list[tuple[int, int]] = []  # in the order seen
     deadline = time.monotonic() + NODE_TIMEOUT_S
@@ -101,6 +105,21 @@ def test_the_option_caps_the_job_at_the_nodes_its_batch_feeds(live, baseline) ->
     assert sizes and max(n for n, _ in sizes) == 2  # three nodes idle, two given
     got = [h["loss"] for h in result["history"]]
     assert result["steps"] == STEPS and got == pytest.approx(baseline, rel=0, abs=1e-12)
+
+
+def test_a_fixed_fsdp_plan_runs_only_where_its_ranks_split_the_batch(live) -> None:
+    """BlockMLP under FSDP2 with a batch of 64 on 3 idle nodes: 64 does not split over 3 ranks.
+    Old code: the controller gave the job 3 nodes and ``ctx.steps`` failed its future with
+    'global_batch=64 over 3 ranks does not: run another plan or size'."""
+    result, sizes = run(live, "fsdp-fixed", fn=train_blocks, batch=64, pace=2e-4,
+                        plan="fsdp", global_batch=64)
+    assert sizes and {n for n, _ in sizes} <= {1, 2} and (2, 2) in sizes, sizes
+    base = RankEntry(train_blocks).local(total_steps=STEPS, global_batch=64, dtype="float64",
+                                         options={"torch_threads": 1})["history"]
+    got = [h["loss"] for h in result["history"]]
+    assert result["steps"] == STEPS
+    assert got == pytest.approx([h["loss"] for h in base], rel=0, abs=1e-9)
+    assert {h["plan"] for h in result["history"] if h["world_size"] == 2} == {"fsdp"}
 
 
 def test_impossible_or_disagreeing_batches_fail_the_app_future(live) -> None:

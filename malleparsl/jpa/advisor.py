@@ -90,6 +90,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         shape_prior: bool = False,
         gain_tol: float = 0.02,
         adopt_priors: bool = False,
+        release_flat: bool = False,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -123,6 +124,10 @@ class JobProfilingAdvisor(CurveAdvisor):
         self.gain_tol = gain_tol
         # jobs queued before their model was measured take its prior later (opt-in: see docs)
         self.adopt_priors = adopt_priors
+        # with no idle node, a job measured at its size and expected as fast on fewer nodes is
+        # held to those fewer (docs/jpa.md, session 9)
+        self.release_flat = release_flat
+        self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
         self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
         self.records: dict[str, JobRecord] = {}
@@ -230,6 +235,9 @@ class JobProfilingAdvisor(CurveAdvisor):
                 self._adopt_prior(rec)
         self._update_probes(now, recs, allocation, len(snapshot.nodes))
         n_nodes = len(snapshot.nodes)
+        self._released = {}
+        # no node idle: nodes a job holds past its knee are nodes another job could use
+        full = self.release_flat and sum(map(len, allocation.assignment.values())) >= n_nodes
         known = {r.job_id for r in recs if self.predictable(r)}
         eps = 1e-6 * max([self._per_node(r) for r in recs if r.job_id in known] + [1.0])
         out = []
@@ -245,11 +253,38 @@ class JobProfilingAdvisor(CurveAdvisor):
             # the progress the controller reports, as KnownCurves gives it: policies that value
             # a grow over the job's remaining time (hold, priorities) need it
             done = js.progress()
+            cap = (self._release_size(rec, len(current))
+                   if full and rec.job_id in known and rec.probe is None else None)
             if rec.probe is not None:
                 out.append(JobView(spec, curve, current, rec.probe.size, rec.probe.size, **done))
+            elif cap is not None:
+                self._released[rec.job_id] = cap
+                out.append(JobView(spec, curve, current, None, cap, **done))
             else:
                 out.append(JobView(spec, curve, current, **done))
         return out
+
+    def released(self) -> dict[str, int]:
+        """Jobs the last views held below their current size (``release_flat``): job -> cap."""
+        return dict(self._released)
+
+    def _release_size(self, rec: JobRecord, c: int) -> int | None:
+        """The smallest size the estimate expects within ``gain_tol`` of the rate the job
+        measured at its current size ``c``, if below ``c`` (else None).
+
+        Nodes past a plateau or a peak add nothing, but the allocator's objective (a rescale
+        costs a pause, a job starting from zero pays none) keeps them there: a job explored
+        past its knee while nodes were idle keeps them once other jobs could use them."""
+        if c <= max(rec.spec.min_nodes, 1) or not rec.obs.get(c):
+            return None
+        est = rec.estimate(max(rec.spec.max_nodes, c), default_noise=self.default_noise)
+        if est is None:
+            return None
+        r_c = float(np.mean(rec.obs[c]))
+        ok = np.flatnonzero(est.mean[1:c] >= (1 - self.gain_tol) * r_c)
+        if not ok.size:
+            return None
+        return max(int(ok[0]) + 1, rec.spec.min_nodes)
 
     def _placeholder(self, job_id: str, n_tab: int, eps: float) -> ScalingCurve:
         """``eps`` per node: an unpredictable job is worth (almost) nothing to grow."""

@@ -121,7 +121,9 @@ class DecisionAudit(AllocationPolicy):
 
     def _score(self, snap: ClusterSnapshot, jobs: Sequence[JobView], alloc: Allocation) -> Decision:
         probed = set(self.advisor.probe_requests()) if self.advisor is not None else set()  # type: ignore[attr-defined]
-        true = [self._true_view(v, v.job_id in probed) for v in jobs]
+        # a cap the JPA put on a job (``released``) is a belief, not the job's constraint
+        released = set(self.advisor.released()) if hasattr(self.advisor, "released") else set()  # type: ignore[union-attr]
+        true = [self._true_view(v, v.job_id in probed or v.job_id in released) for v in jobs]
         n, tfwd = len(snap.nodes), snap.tfwd_s
         sizes = {v.job_id: alloc.size(v.job_id) for v in jobs}
         chosen = sum(float(job_values(v, np.asarray([sizes[v.job_id]]), tfwd)[0]) for v in true)
@@ -141,7 +143,8 @@ class DecisionAudit(AllocationPolicy):
         Those are constraints of the job, not beliefs: a size with no plan (``sizes``) or out
         of bounds cannot be the optimum either. Except a probe's bounds (``probed``: the JPA
         pins the job to the probe size): the optimum is taken without them, so what probing
-        costs shows as ``de_loss_probe`` (module docstring) instead of vanishing.
+        costs shows as ``de_loss_probe`` (module docstring) instead of vanishing; the same for
+        the cap the JPA puts on a job past its knee (``release_flat``, ``released()``).
         """
         spec = self.truth.get(v.job_id)
         if spec is None:

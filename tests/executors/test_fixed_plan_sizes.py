@@ -131,3 +131,23 @@ def _steps_at_with_batch(n_ranks: int, **options) -> None:  # noqa: ANN003
         next(ctx.steps(3, global_batch=64, dataset_size=640))
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("plan", ["fsdp", "dp"])
+@pytest.mark.parametrize(("bounds", "error"), [
+    ({"min_nodes": 0}, r"min_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": -2}, r"min_nodes must be an integer >= 1, got -2"),
+    ({"min_nodes": "2"}, r"min_nodes must be an integer >= 1, got '2'"),
+    ({"min_nodes": True}, r"min_nodes must be an integer >= 1, got True"),
+    ({"max_nodes": 0}, r"max_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": 3, "max_nodes": 2}, r"min_nodes \(3\) > max_nodes \(2\)"),
+])
+def test_a_fixed_plan_with_global_batch_checks_its_bounds_as_any_job(plan, bounds, error) -> None:  # noqa: ANN001
+    """Bad bounds are the spec's own SpecError, as without a fixed plan. Old code: the fixed
+    plan's sizes were worked out from int() of them first, so 0 or -2 (fsdp) raised
+    ZeroDivisionError, '2' and True were silently taken as 2 and 1, and max_nodes=0 or
+    min > max said 'plan 'dp' needs global_batch=64 to split evenly'."""
+    with pytest.raises(SpecError, match=error):
+        spec_from_options({**FSDP_64, "plan": plan, **bounds})
+    with pytest.raises(SpecError, match=error):  # the same as without a fixed plan
+        spec_from_options({**FSDP_64, "plan": "auto", **bounds})

@@ -8,6 +8,7 @@ asked for (``policy="jpa"``).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -117,14 +118,16 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     if gb is not None:  # every rank needs a sample, with automatic plans or not
         kw["max_nodes"] = cap_to_batch(int(kw.get("min_nodes", 1)), int(kw["max_nodes"]),
                                        global_batch=gb, ranks_per_node=ranks_per_node)
-        if options.get("plan") not in (None, "auto"):  # a fixed plan: the sizes it splits at
-            sizes = fixed_plan_sizes(parse_plan(options["plan"]), int(kw.get("min_nodes", 1)),
-                                     int(kw["max_nodes"]), global_batch=gb,
-                                     ranks_per_node=ranks_per_node)
-            kw["min_nodes"], kw["max_nodes"] = sizes[0], sizes[-1]
-            if len(sizes) != sizes[-1] - sizes[0] + 1:  # holes: the views list the sizes
-                kw["meta"] = {**kw.get("meta", {}), "sizes": sizes}
-    return JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
+    spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
+    if gb is not None and options.get("plan") not in (None, "auto"):
+        # a fixed plan: the sizes it splits at, from the bounds JobSpec has checked (not int()
+        # of raw options: 0 divided by zero, '2' or True passed as 2 or 1)
+        sizes = fixed_plan_sizes(parse_plan(options["plan"]), spec.min_nodes, spec.max_nodes,
+                                 global_batch=gb, ranks_per_node=ranks_per_node)
+        holes = len(sizes) != sizes[-1] - sizes[0] + 1  # the views list the sizes
+        spec = dataclasses.replace(spec, min_nodes=sizes[0], max_nodes=sizes[-1],
+                                   meta={**spec.meta, "sizes": sizes} if holes else spec.meta)
+    return spec
 
 
 def build_policy(

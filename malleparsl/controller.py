@@ -225,6 +225,12 @@ class Controller:
     def submit(self, spec: JobSpec, *, now_s: float) -> None:
         if spec.job_id in self.jobs:
             raise SpecError(f"job id {spec.job_id!r} was already submitted; job ids must be unique")
+        sizes = spec.meta.get("sizes") if spec.meta else None
+        if sizes is not None and not (  # the JPA probes a new job at exactly min_nodes
+                all(isinstance(k, int) and not isinstance(k, bool) for k in sizes)
+                and all(0 < a < b for a, b in zip(sizes, sizes[1:])) and spec.min_nodes in sizes):
+            raise SpecError(f"job {spec.job_id!r}: meta['sizes'] must be strictly increasing node "
+                            f"counts >= 1 that include min_nodes ({spec.min_nodes}), got {sizes!r}")
         self.jobs[spec.job_id] = JobState(spec=spec, submitted_s=now_s)
 
     def finish(self, job_id: str, *, now_s: float) -> frozenset[NodeId]:

@@ -17,6 +17,7 @@ from malleparsl.allocator import make_policy
 from malleparsl.controller import Controller
 from malleparsl.errors import SpecError
 from malleparsl.executors.planning import LinearPlaceholderAdvisor, build_policy, spec_from_options
+from malleparsl.model import JobSpec
 
 FSDP_64 = {"job_id": "a", "plan": "fsdp", "max_nodes": 4, "global_batch": 64,
            "total_samples": 1e9}
@@ -131,3 +132,55 @@ def _steps_at_with_batch(n_ranks: int, **options) -> None:  # noqa: ANN003
         next(ctx.steps(3, global_batch=64, dataset_size=640))
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("plan", ["fsdp", "dp"])
+@pytest.mark.parametrize(("bounds", "error"), [
+    ({"min_nodes": 0}, r"min_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": -2}, r"min_nodes must be an integer >= 1, got -2"),
+    ({"min_nodes": "2"}, r"min_nodes must be an integer >= 1, got '2'"),
+    ({"min_nodes": True}, r"min_nodes must be an integer >= 1, got True"),
+    ({"max_nodes": 0}, r"max_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": 3, "max_nodes": 2}, r"min_nodes \(3\) > max_nodes \(2\)"),
+])
+def test_a_fixed_plan_with_global_batch_checks_its_bounds_as_any_job(plan, bounds, error) -> None:  # noqa: ANN001
+    """Bad bounds are the spec's own SpecError, as without a fixed plan. Old code: the fixed
+    plan's sizes were worked out from int() of them first, so 0 or -2 (fsdp) raised
+    ZeroDivisionError, '2' and True were silently taken as 2 and 1, and max_nodes=0 or
+    min > max said 'plan 'dp' needs global_batch=64 to split evenly'."""
+    with pytest.raises(SpecError, match=error):
+        spec_from_options({**FSDP_64, "plan": plan, **bounds})
+    with pytest.raises(SpecError, match=error):  # the same as without a fixed plan
+        spec_from_options({**FSDP_64, "plan": "auto", **bounds})
+
+
+@pytest.mark.parametrize("sizes", [(2, 4), (1, 3, 2), (0, 1, 2), ("1", 2)])
+def test_the_controller_refuses_meta_sizes_without_the_minimum_at_submit(sizes) -> None:  # noqa: ANN001
+    """The JPA probes a new job at exactly ``min_nodes``, so that size must be runnable, as
+    spec_from_options makes it. Old code: a spec with min_nodes=1 and sizes (2, 4) was taken,
+    its probe at 1 never placed nor timed out, and under ``jpa`` the job got 0 nodes of 20
+    idle for ever; malformed ones, (1, 3, 2) or (0, 1, 2), failed every later replan with
+    JobView's SpecError."""
+    ctl = Controller(policy=make_policy("milp"), advisor=LinearPlaceholderAdvisor())
+    spec = JobSpec(job_id="x", min_nodes=1, max_nodes=4, total_samples=1e9,
+                   meta={"sizes": sizes})
+    with pytest.raises(SpecError, match=r"job 'x': meta\['sizes'\] must be strictly increasing "
+                       r"node counts >= 1 that include min_nodes \(1\)"):
+        ctl.submit(spec, now_s=0)
+    assert not ctl.jobs
+
+
+def test_a_job_of_meta_sizes_is_probed_and_sized_under_jpa() -> None:
+    """The same job with min_nodes=2 (in its sizes) is probed at 2 and runs only at 2 or 4."""
+    pol, adv = build_policy("jpa", {}, None)
+    ctl = Controller(policy=pol, advisor=adv)
+    ctl.add_nodes([f"n{i}" for i in range(20)], now_s=0)
+    ctl.submit(JobSpec(job_id="x", min_nodes=2, max_nodes=4, total_samples=1e9,
+                       meta={"sizes": (2, 4)}), now_s=0)
+    seen = set()
+    for t in range(0, 3000, 60):
+        ctl.replan(now_s=t)
+        if n := ctl.allocation.size("x"):
+            seen.add(n)
+            ctl.observe("x", n_nodes=n, samples_per_s=100.0 * n, now_s=t + 30)
+    assert seen == {2, 4} and not adv.probe_requests()

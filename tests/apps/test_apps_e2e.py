@@ -17,11 +17,11 @@ import pytest
 parsl = pytest.importorskip("parsl")
 dist = pytest.importorskip("torch.distributed")
 
+from live_parsl import live_executor  # noqa: E402
+
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
-from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 NODE_TIMEOUT_S = 300
@@ -31,19 +31,8 @@ WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.dataset
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("apps-e2e")
-    src = ManualNodeSource(nodes=["n0", "n1", "n2"])
-    dfk = parsl.load(local_config(
-        nodes=0, node_source=src, run_dir=str(tmp / "runinfo"), ckpt_root=str(tmp / "ckpt"),
-        warm_modules=WARM, poll_period_s=0.1,
-    ))
-    ex = dfk.executors["malleable"]
-    try:
-        ex.wait_for_nodes(3, NODE_TIMEOUT_S)
-        yield ex, src
-    finally:
-        dfk.cleanup()
-        parsl.clear()
+    with live_executor(tmp_path_factory.mktemp("apps-e2e"), ["n0", "n1", "n2"], warm=WARM) as got:
+        yield got
 
 
 def wait_for(cond, what, ex=None, timeout_s=NODE_TIMEOUT_S):

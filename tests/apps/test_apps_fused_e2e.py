@@ -11,11 +11,11 @@ import pytest
 
 parsl = pytest.importorskip("parsl")
 
+from live_parsl import live_executor  # noqa: E402
+
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.fused import train_array  # noqa: E402
 from malleparsl.apps.fused_digits import build_mlp, digits_data, train_alone  # noqa: E402
-from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 WARM = ("torch.distributed", "malleparsl.apps.fused_digits", "sklearn.datasets")
@@ -43,14 +43,7 @@ def running_at(ex, job_id, size, min_step=0):
 
 
 def test_array_shrinks_from_2_to_1_node_and_every_trial_keeps_its_trajectory(tmp_path) -> None:
-    src = ManualNodeSource(nodes=["f0", "f1"])
-    dfk = parsl.load(local_config(
-        nodes=0, node_source=src, run_dir=str(tmp_path / "runinfo"),
-        ckpt_root=str(tmp_path / "ckpt"), warm_modules=WARM, poll_period_s=0.1,
-    ))
-    ex = dfk.executors["malleable"]
-    try:
-        ex.wait_for_nodes(2, NODE_TIMEOUT_S)
+    with live_executor(tmp_path, ["f0", "f1"], warm=WARM) as (ex, src):
         trials = [{"trial_id": f"t{i}", "seed": 3 + i, "dir": str(tmp_path / f"t{i}"),
                    "config": {"width": 32, "optimizer": "adam", "lr": 2e-3 * (i + 1)}}
                   for i in range(3)]
@@ -66,9 +59,6 @@ def test_array_shrinks_from_2_to_1_node_and_every_trial_keeps_its_trajectory(tmp
         wait_for(lambda: running_at(ex, "array", 1, 1), "shrink to 1 node", ex)
         result = fut.result(timeout=NODE_TIMEOUT_S)
         kinds = [r.kind for r in view(ex, "array").rescales]
-    finally:
-        dfk.cleanup()
-        parsl.clear()
     assert "down" in kinds, kinds
     # the job counts the samples of all 3 trials: 3 x global batch per step
     assert doc["samples"] == pytest.approx(3 * GB * doc["step"])

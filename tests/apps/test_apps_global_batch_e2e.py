@@ -26,13 +26,13 @@ import pytest
 parsl = pytest.importorskip("parsl")
 pytest.importorskip("torch.distributed")
 
+from live_parsl import live_executor  # noqa: E402
+
 from malleparsl.apps import malleable_app  # noqa: E402
 from malleparsl.apps.entry import RankEntry  # noqa: E402
 from malleparsl.apps.examples_digits import train_mlp  # noqa: E402
 from malleparsl.apps.examples_plans import train_blocks  # noqa: E402
 from malleparsl.errors import SpecError  # noqa: E402
-from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
-from malleparsl.site_configs.local import local_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 NODE_TIMEOUT_S = 300
@@ -43,18 +43,8 @@ WARM = ("torch.distributed", "malleparsl.apps.examples_digits", "sklearn.dataset
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("global-batch-e2e")
-    src = ManualNodeSource(nodes=["n0", "n1", "n2"])
-    dfk = parsl.load(local_config(
-        nodes=0, node_source=src, run_dir=str(tmp / "runinfo"), ckpt_root=str(tmp / "ckpt"),
-        warm_modules=WARM, poll_period_s=0.1,
-    ))
-    ex = dfk.executors["malleable"]
-    try:
-        ex.wait_for_nodes(3, NODE_TIMEOUT_S)
+    with live_executor(tmp, ["n0", "n1", "n2"], warm=WARM) as (ex, _):
         yield ex
-    finally:
-        dfk.cleanup()
-        parsl.clear()
 
 
 @pytest.fixture(scope="module")

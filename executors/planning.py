@@ -115,13 +115,14 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
         if popts is not None:
             kw["meta"] = {"plan_options": popts}
     gb = global_batch_option(options)
-    if gb is not None:  # every rank needs a sample, with automatic plans or not
-        kw["max_nodes"] = cap_to_batch(int(kw.get("min_nodes", 1)), int(kw["max_nodes"]),
-                                       global_batch=gb, ranks_per_node=ranks_per_node)
+    # bounds narrowed from the ones JobSpec has checked (not int() of raw options: 0 divided
+    # by zero, 2.7 or '2' or True passed as 2 or 1)
     spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
-    if gb is not None and options.get("plan") not in (None, "auto"):
-        # a fixed plan: the sizes it splits at, from the bounds JobSpec has checked (not int()
-        # of raw options: 0 divided by zero, '2' or True passed as 2 or 1)
+    if gb is not None:  # every rank needs a sample, with automatic plans or not
+        spec = dataclasses.replace(spec, max_nodes=cap_to_batch(
+            spec.min_nodes, spec.max_nodes, global_batch=gb, ranks_per_node=ranks_per_node))
+    if gb is not None and options.get("plan") not in (None, "auto"):  # a fixed plan: the
+        # sizes where its ranks split the batch
         sizes = fixed_plan_sizes(parse_plan(options["plan"]), spec.min_nodes, spec.max_nodes,
                                  global_batch=gb, ranks_per_node=ranks_per_node)
         holes = len(sizes) != sizes[-1] - sizes[0] + 1  # the views list the sizes

@@ -82,8 +82,9 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
         )
     job_id = options.get("job_id") or f"job-{uuid.uuid4().hex[:10]}"
     kw: dict[str, Any] = {k: options[k] for k in _SPEC_KEYS if options.get(k) is not None}
-    if "max_nodes" not in kw:
-        kw["max_nodes"] = max(1, int(kw.get("min_nodes", 1)))
+    if "max_nodes" not in kw:  # min_nodes as given: JobSpec checks it (no int() of 'x' or 2.7)
+        low = kw.get("min_nodes", 1)
+        kw["max_nodes"] = max(1, low) if isinstance(low, int) and not isinstance(low, bool) else low
     curve = options.get("curve")
     if curve is not None and not isinstance(curve, ScalingCurve):
         try:
@@ -107,17 +108,17 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     # a budget that is no number of bytes, or two that disagree, is refused here, at submit,
     # as with automatic plans; not by every rank's prepare() once the job holds its nodes
     node_budget(options, ranks_per_node=ranks_per_node)
+    # bounds narrowed from the ones JobSpec has checked (not int() of raw options: 0 divided
+    # by zero, 2.7 or '2' or True passed as 2 or 1)
+    spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
     if options.get("memory_profile") is not None:  # execution plans: smallest size any fits
         from malleparsl.plans import min_nodes_for, plan_options
 
         popts = plan_options(options, ranks_per_node=ranks_per_node)
-        kw["min_nodes"] = min_nodes_for(popts, int(kw.get("min_nodes", 1)), int(kw["max_nodes"]))
-        if popts is not None:
-            kw["meta"] = {"plan_options": popts}
+        spec = dataclasses.replace(
+            spec, min_nodes=min_nodes_for(popts, spec.min_nodes, spec.max_nodes),
+            meta=spec.meta if popts is None else {"plan_options": popts})
     gb = global_batch_option(options)
-    # bounds narrowed from the ones JobSpec has checked (not int() of raw options: 0 divided
-    # by zero, 2.7 or '2' or True passed as 2 or 1)
-    spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
     if gb is not None:  # every rank needs a sample, with automatic plans or not
         spec = dataclasses.replace(spec, max_nodes=cap_to_batch(
             spec.min_nodes, spec.max_nodes, global_batch=gb, ranks_per_node=ranks_per_node))

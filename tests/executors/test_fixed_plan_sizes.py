@@ -154,6 +154,28 @@ def test_a_fixed_plan_with_global_batch_checks_its_bounds_as_any_job(plan, bound
         spec_from_options({**FSDP_64, "plan": "auto", **bounds})
 
 
+@pytest.mark.parametrize("plan", ["fsdp", "auto"])
+@pytest.mark.parametrize(("bounds", "error"), [
+    ({"min_nodes": 0}, r"min_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": 2.7}, r"min_nodes must be an integer >= 1, got 2.7"),
+    ({"min_nodes": "x"}, r"min_nodes must be an integer >= 1, got 'x'"),
+    ({"min_nodes": True}, r"min_nodes must be an integer >= 1, got True"),
+    ({"max_nodes": "x"}, r"max_nodes must be an integer >= 1, got 'x'"),
+    ({"max_nodes": None, "min_nodes": "x"}, r"min_nodes must be an integer >= 1, got 'x'"),
+])
+def test_a_job_with_a_memory_profile_checks_its_bounds_as_any_job(plan, bounds, error) -> None:  # noqa: ANN001
+    """With a ``memory_profile`` (automatic plans, or a fixed plan that turns them off) the
+    bounds are JobSpec's to check too. Old code: the memory branch took int() of the raw
+    options first, so 2.7 and True were silently 2 and 1, 0 became the memory model's 1, and
+    'x' was a bare ValueError."""
+    from malleparsl.plans import MemoryProfile
+
+    prof = MemoryProfile(params=70_000, act_per_sample=1e5, act_ckpt_per_sample=1e4)
+    job = {**FSDP_64, "plan": plan, "memory_profile": prof.as_dict(), **bounds}
+    with pytest.raises(SpecError, match=error):
+        spec_from_options(job)
+
+
 @pytest.mark.parametrize("sizes", [(2, 4), (1, 3, 2), (0, 1, 2), ("1", 2)])
 def test_the_controller_refuses_meta_sizes_without_the_minimum_at_submit(sizes) -> None:  # noqa: ANN001
     """The JPA probes a new job at exactly ``min_nodes``, so that size must be runnable, as

@@ -148,6 +148,9 @@ def main() -> None:
                 audit = RateAudit(truth)
                 rj = simulate(tr, specs, policy="milp+jpa", options=opts, policy_options={
                     "advisor": adv, "audit": audit, "hide_curves": not a.true_curves})
+                if ro.samples <= 0 or ro.progress <= 0:
+                    raise SystemExit(f"{fam} {sl} seed {seed}: the oracle trained nothing in "
+                                     f"{a.hours} h: nothing to compare (a longer --hours)")
                 o, j = records(ro, live), records(rj, live)
                 io, ij = _ORACLE[-1].integrals(ro.end_s), audit.integrals(rj.end_s)
                 split = {}

@@ -346,10 +346,10 @@ def global_batch_option(options: Mapping[str, Any]) -> int | None:
     gb = options.get("global_batch")
     if gb is None:
         return None
-    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
+    if isinstance(gb, bool) or not isinstance(gb, numbers.Integral) or gb < 1:
         raise SpecError(f"global_batch must be an integer >= 1 (samples per optimizer step, as "
                         f"passed to ctx.steps), got {gb!r}; e.g. global_batch=64")
-    return gb
+    return int(gb)  # a numpy integer from a sweep's grid is one too
 
 
 @dataclass(frozen=True)

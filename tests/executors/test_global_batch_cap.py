@@ -56,6 +56,16 @@ def test_min_nodes_past_the_cap_is_refused_naming_global_batch_ranks_and_size() 
         spec_from_options({"job_id": "a", "global_batch": 3}, ranks_per_node=4)
 
 
+def test_a_numpy_integer_batch_from_a_sweeps_grid_is_a_batch() -> None:
+    """A grid built with numpy (``np.arange``, ``np.int64``) gives numpy integers: they are
+    sample counts (the options were refused before with 'must be an integer')."""
+    np = pytest.importorskip("numpy")
+    job = {"job_id": "a", "max_nodes": 8, "global_batch": np.int64(6)}
+    assert spec_from_options(job, ranks_per_node=2).max_nodes == 3
+    auto = {**job, "memory_profile": PROF.as_dict()}
+    assert spec_from_options(auto, ranks_per_node=2).max_nodes == 3
+
+
 @pytest.mark.parametrize("bad", [0, -4, 2.5, "64", True])
 def test_a_global_batch_that_is_no_sample_count_is_refused(bad) -> None:  # noqa: ANN001
     with pytest.raises(SpecError, match=r"global_batch must be an integer >= 1"):

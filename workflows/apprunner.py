@@ -41,6 +41,23 @@ def run_plain_trial(train_fn: Callable[..., Any], config: Mapping[str, Any],
         ctx.close()
 
 
+
+def batch_of(global_batch_of: Callable[[Mapping[str, Any]], int],
+             config: Mapping[str, Any]) -> int:
+    """``global_batch_of(config)`` checked as the option ``global_batch`` is (a sample count:
+    a numpy integer is one, 32.5 or "32" is not): a wrong value names the trial's config here,
+    not as a disagreement inside its ranks."""
+    from malleparsl.plans import global_batch_option
+
+    got = global_batch_of(config)
+    try:
+        gb = global_batch_option({"global_batch": got})
+        if gb is None:
+            raise SpecError("global_batch must be an integer >= 1, got None")
+    except SpecError as exc:
+        raise SpecError(f"global_batch_of({dict(config)!r}) returned {got!r}: {exc}") from None
+    return gb
+
 class AppTrialRunner(TrialRunner):
     """Submit each trial as a Parsl app on the executor labelled ``executor``.
 
@@ -147,7 +164,7 @@ class AppTrialRunner(TrialRunner):
         if ckpt_dir is not None:
             opts["ckpt_dir"] = ckpt_dir
         if self.global_batch_of is not None:  # the controller caps the trial's size at it
-            opts["global_batch"] = int(self.global_batch_of(cfg))
+            opts["global_batch"] = batch_of(self.global_batch_of, cfg)
         if self.samples_per_unit:
             prev = self._prev_budget.get((stage, s.trial_id), 0.0)
             opts["total_samples"] = max(1.0, (s.budget - prev) * float(self.samples_per_unit))

@@ -34,7 +34,7 @@ from typing import Any
 
 from malleparsl.errors import SpecError
 
-from .apprunner import AppTrialRunner
+from .apprunner import AppTrialRunner, batch_of
 from .results import TrialRow
 from .scheduler import Suggestion
 
@@ -53,9 +53,12 @@ class ArraySizer:
     """Chooses B from the measured fused throughput of a configuration, capped by memory."""
 
     def __init__(self, *, build: Callable[[Mapping[str, Any]], Any], max_size: int = 16,
-                 min_gain: float = 1.15, memory_cap_bytes: float = 2e9, steps: int = 8) -> None:
+                 min_gain: float = 1.15, memory_cap_bytes: float = 2e9, steps: int = 8,
+                 global_batch_of: Callable[[Mapping[str, Any]], int] | None = None) -> None:
         self.build, self.max_size, self.min_gain = build, max_size, min_gain
         self.memory_cap_bytes, self.steps = memory_cap_bytes, steps
+        # the batch the arrays will train (AppTrialRunner's global_batch_of), else batch_size
+        self.global_batch_of = global_batch_of
         self.measured: dict[str, dict[str, Any]] = {}
 
     def size_for(self, config: Mapping[str, Any]) -> int:
@@ -67,7 +70,8 @@ class ArraySizer:
     def _measure(self, config: Mapping[str, Any]) -> dict[str, Any]:
         from malleparsl.apps.bench_fused import fused_rate
 
-        gb = int(config.get("batch_size", 64))
+        gb = (batch_of(self.global_batch_of, config) if self.global_batch_of is not None
+              else int(config.get("batch_size", 64)))
         rates: dict[int, float] = {}
         b, size, mem = 1, 1, 0
         while b <= self.max_size:
@@ -124,7 +128,9 @@ class PackedTrialRunner(AppTrialRunner):
             raise SpecError("pack='auto' measures the model: give build=<config -> nn.Sequential>")
         self.array_fn, self.steps_of, self.pack = array_fn, steps_of, pack
         self.rungs = sorted(float(r) for r in rungs) if rungs else None
-        self.sizer = sizer or (ArraySizer(build=build, max_size=max_array) if pack == "auto" else None)
+        self.sizer = sizer or (ArraySizer(build=build, max_size=max_array,
+                                          global_batch_of=self.global_batch_of)
+                               if pack == "auto" else None)
         self.linger_s = linger_s
         self._array_app: Any = None
         self._pending: dict[str, list[tuple[str, Suggestion, str | None, cf.Future, float]]] = {}
@@ -228,7 +234,7 @@ class PackedTrialRunner(AppTrialRunner):
         for _, s, _, fut, _ in chunk:
             arr.waiting[(s.trial_id, s.rung)] = (fut, end)
         if self.global_batch_of is not None:  # its trials share all but per-trial keys (pack_key)
-            gb = int(self.global_batch_of(cfg))
+            gb = batch_of(self.global_batch_of, cfg)
         else:
             gb = int(first.config.get("batch_size", 64))
         opts: dict[str, Any] = {"job_id": array_id, "ckpt_dir": directory,

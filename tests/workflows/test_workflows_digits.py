@@ -137,3 +137,40 @@ def test_global_batch_of_is_the_batch_the_digits_functions_give_ctx_steps(tmp_pa
         assert train_digits_array(ctx, trials=trials, stops=[steps_of(cfg)])["steps"] == 10
     finally:
         ctx.close()
+
+
+def test_a_global_batch_of_that_is_no_sample_count_names_the_trial_and_numpy_ints_pass(tmp_path):
+    """Before, the runner applied int() to whatever global_batch_of returned: 32.5 became 32,
+    which then disagreed with the 32.5 train_fn might use, inside the ranks."""
+    np = pytest.importorskip("numpy")
+    for got, ok in ((np.int64(6), True), (6.5, False), ("6", False), (None, False)):
+        r = AppTrialRunner(train_fn=train_digits, max_nodes=8, ckpt_root=tmp_path,
+                           global_batch_of=lambda cfg, got=got: got)
+        r._app = rec = _Recorder()
+        args = ("search", Suggestion("t0", dict(CFG), budget=1), "search-t0-r0",
+                str(tmp_path / "t0"))
+        if ok:
+            r._submit(*args)
+            assert rec.calls[-1]["global_batch"] == 6 and type(rec.calls[-1]["global_batch"]) is int
+        else:
+            with pytest.raises(SpecError, match=r"global_batch_of\(.*\) returned"):
+                r._submit(*args)
+
+
+def test_the_array_sizer_measures_at_the_batch_the_arrays_train(tmp_path, monkeypatch):
+    """The sizer read config['batch_size'] even when the runner's global_batch_of says another
+    batch: it measured fused throughput at a batch the arrays never train."""
+    import malleparsl.apps.bench_fused as bench_fused
+    from malleparsl.workflows.packing import ArraySizer
+
+    seen = []
+
+    def fake_rate(build, config, b, *, gb, steps):  # noqa: ANN001, ANN202
+        seen.append(gb)
+        return float(b), 1.0
+
+    monkeypatch.setattr(bench_fused, "fused_rate", fake_rate)
+    ArraySizer(build=None, max_size=2, global_batch_of=lambda cfg: 2 * cfg["batch_size"]).size_for(
+        {"batch_size": 8})
+    ArraySizer(build=None, max_size=2).size_for({"batch_size": 8})
+    assert seen == [16, 16, 8, 8]

@@ -420,7 +420,11 @@ class ControlLoop:
         nodes than give each rank a sample (one that named the option was capped at submit);
         True if that lowered its bound (replan: it may hold nodes that train nothing)."""
         top = batch_max_nodes(global_batch, job.ranks_per_node)
+        js = self.controller.jobs.get(job_id)
+        least = js.spec.min_nodes if js is not None else 1
         fix = batch_below_node(global_batch, job.ranks_per_node) or (
+            f"past {top} node(s) a rank trains nothing, but its min_nodes={least} keeps it "
+            "there: lower min_nodes or raise global_batch" if least > top else
             f"past {top} node(s) a rank trains nothing; give global_batch={global_batch} in "
             "its malleable options to cap it from submit")
         return self.controller.cap_nodes(job_id, top, why=(

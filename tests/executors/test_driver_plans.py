@@ -172,12 +172,13 @@ def test_the_control_loop_reports_the_jobs_trained_samples_to_the_controller(tmp
     assert loop.controller.jobs["p"].done_samples == 400.0
 
 
-def _running_loop(tmp_path, *, ranks_per_node):  # noqa: ANN001, ANN202
+def _running_loop(tmp_path, *, ranks_per_node, min_nodes=1):  # noqa: ANN001, ANN202
     """A control loop running job "p" (no global_batch option, max_nodes=3) on 3 nodes."""
     from malleparsl.executors.control import ControlLoop
 
     ex, store = Submits(), DictStore()
-    job = MalleableJob(spec=JobSpec("p", max_nodes=3), entry=print, options={"job_id": "p"},
+    job = MalleableJob(spec=JobSpec("p", min_nodes=min_nodes, max_nodes=3), entry=print,
+                       options={"job_id": "p"},
                        executor=ex, store=store, store_host="h", store_port=1,
                        ckpt_dir=str(tmp_path / "ck"), post=lambda ev: None, clock=lambda: 5.0,
                        ranks_per_node=ranks_per_node)
@@ -228,6 +229,23 @@ def test_a_learnt_cap_below_one_node_says_to_raise_the_batch_not_to_name_it(tmp_
                     "samples a step (ctx.steps) over 4 rank(s) a node: global_batch=2 has "
                     "fewer samples than one node's 4 ranks, so some rank trains nothing at any "
                     "size: raise global_batch to at least 4 or run fewer ranks per node"]
+
+
+def test_a_learnt_cap_below_min_nodes_says_min_nodes_holds_it_not_to_name_the_batch(
+        tmp_path, caplog) -> None:
+    """2 ranks a node, a loop batch of 2 (1 node feeds it), min_nodes=2: the job stays at 2
+    and the warning says why. Old code advised 'give global_batch=2 in its malleable options',
+    which the submit check then refuses (min_nodes=2 is past that cap)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    loop, job, store = _running_loop(tmp_path, ranks_per_node=2, min_nodes=2)
+    assert loop._cap_to_batch("p", job, 2) and loop.controller.jobs["p"].node_cap == 2
+    said = [r.getMessage() for r in caplog.records if "max_nodes" in r.getMessage()]
+    assert said == ["job 'p': max_nodes 3 -> 2 from now on: its loop splits global_batch=2 "
+                    "samples a step (ctx.steps) over 2 rank(s) a node: past 1 node(s) a rank "
+                    "trains nothing, but its min_nodes=2 keeps it there: lower min_nodes or "
+                    "raise global_batch"]
 
 
 def test_a_learnt_cap_lowers_the_jobs_demand_the_pilot_scavengers_hold_nodes_for(tmp_path) -> None:

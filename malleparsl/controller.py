@@ -324,7 +324,7 @@ class Controller:
         views = self.advisor.views(snap, active, self.allocation)
         if self.plans is not None:
             views = self.plans.adjust(snap, views)
-        views = self._capped(self._sized(views))
+        views = self._bounded(views)
         t0 = time.perf_counter()
         answer = self.policy.allocate(snap, views)
         solve_s = time.perf_counter() - t0
@@ -367,31 +367,26 @@ class Controller:
             return self.allocation if keep is None else keep
         return new
 
-    def _capped(self, views: list[JobView]) -> list[JobView]:
-        """The views with the bounds :meth:`cap_nodes` learnt (an advisor's narrower ``lo``
-        above the cap, a probe, comes down to it)."""
-        if not any(self.jobs[v.job_id].node_cap is not None for v in views):
-            return views
-        out = []
-        for v in views:
-            cap = self.jobs[v.job_id].node_cap
-            if cap is not None and v.hi > cap:
-                v = dataclasses.replace(v, min_nodes=min(v.lo, cap), max_nodes=cap)
-            out.append(v)
-        return out
-
-    def _sized(self, views: list[JobView]) -> list[JobView]:
-        """The views with the sizes a job's spec limits it to (``meta["sizes"]``: a fixed
-        FSDP2 plan runs only where its ranks split the global batch evenly,
+    def _bounded(self, views: list[JobView]) -> list[JobView]:
+        """The views within what the controller knows of each job beyond its advisors, whichever
+        advisor made them: the sizes its spec limits it to (``meta["sizes"]``: a fixed FSDP2
+        plan runs only where its ranks split the global batch evenly,
         :func:`~malleparsl.executors.planning.spec_from_options`), within any the plan advisor
-        listed; whichever advisor made the view."""
+        listed; and the bound :meth:`cap_nodes` learnt (an advisor's narrower ``lo`` above the
+        cap, a probe, comes down to it)."""
         out = []
         for v in views:
-            meta = self.jobs[v.job_id].spec.meta
-            fixed = meta.get("sizes") if meta else None
-            if fixed is not None:
-                keep = fixed if v.sizes is None else sorted(set(fixed) & set(v.sizes))
-                v = dataclasses.replace(v, sizes=tuple(keep))
+            js = self.jobs[v.job_id]
+            fixed = js.spec.meta.get("sizes") if js.spec.meta else None
+            cap = js.node_cap if js.node_cap is not None and v.hi > js.node_cap else None
+            if fixed is not None or cap is not None:
+                change: dict = {}
+                if fixed is not None:
+                    change["sizes"] = tuple(fixed if v.sizes is None
+                                            else sorted(set(fixed) & set(v.sizes)))
+                if cap is not None:
+                    change.update(min_nodes=min(v.lo, cap), max_nodes=cap)
+                v = dataclasses.replace(v, **change)
             out.append(v)
         return out
 

@@ -68,17 +68,16 @@ def test_ranks_on_one_node_share_its_budget_before_training() -> None:
     ctx.close()
 
 
-def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
-    """No profile given: the emulated node's guard catches the growth after the first step."""
+def _train_until_over_budget(ctx: TrainContext, *, match: str) -> None:
+    """BlockMLP 512x4 under Adam on a 4096-sample batch: the guard stops it in the first step."""
     import torch
 
     from malleparsl.apps.examples_plans import loss_sum, teacher_data
     from malleparsl.apps.plans import prepare
 
-    ctx = TrainContext.local(plan="dp", node_memory_bytes=2 * MIB)
     x, y = teacher_data(n=4096, d_in=32)
     model, opt = prepare(ctx, BlockMLP(width=512, depth=4), torch.optim.Adam, blocks=None)
-    with pytest.raises(MemoryBudgetError, match="over the node budget of 2.0 MiB"):
+    with pytest.raises(MemoryBudgetError, match=match):
         for step in ctx.steps(3, global_batch=4096, dataset_size=len(x)):
             opt.zero_grad()
             for idx in step.micro_batches():
@@ -86,25 +85,17 @@ def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
             step.sync(model)
             opt.step()
     ctx.close()
+
+
+def test_measured_overflow_stops_the_rank_with_a_clear_error() -> None:
+    """No profile given: the emulated node's guard catches the growth after the first step."""
+    ctx = TrainContext.local(plan="dp", node_memory_bytes=2 * MIB)
+    _train_until_over_budget(ctx, match="over the node budget of 2.0 MiB")
 
 
 def test_each_rank_may_grow_by_its_accelerators_memory() -> None:
     """``rank_memory_bytes``: the guard lets each rank grow by exactly that (its share of a
     node of ``local_world_size`` accelerators), here 2 MiB of a 4 MiB node."""
-    import torch
-
-    from malleparsl.apps.examples_plans import loss_sum, teacher_data
-    from malleparsl.apps.plans import prepare
-
     ctx = TrainContext.local(plan="dp", rank_memory_bytes=2 * MIB)
     ctx.local_world_size = 2
-    x, y = teacher_data(n=4096, d_in=32)
-    model, opt = prepare(ctx, BlockMLP(width=512, depth=4), torch.optim.Adam, blocks=None)
-    with pytest.raises(MemoryBudgetError, match="over its 1/2 share of the node budget of 4.0 MiB"):
-        for step in ctx.steps(3, global_batch=4096, dataset_size=len(x)):
-            opt.zero_grad()
-            for idx in step.micro_batches():
-                step.backward(loss_sum(model, (x[idx], y[idx])))
-            step.sync(model)
-            opt.step()
-    ctx.close()
+    _train_until_over_budget(ctx, match="over its 1/2 share of the node budget of 4.0 MiB")

@@ -418,18 +418,24 @@ class ControlLoop:
     def _cap_to_batch(self, job_id: str, job: MalleableJob, global_batch: int) -> bool:
         """A job whose loop splits ``global_batch`` samples a step gets from now on no more
         nodes than give each rank a sample (one that named the option was capped at submit);
-        True if that lowered its bound (replan: it may hold nodes that train nothing)."""
+        the latest batch decides, so a later phase with a larger one lifts the cap again.
+        True if that changed its bound (replan: it may hold nodes that train nothing, or may
+        grow)."""
         top = batch_max_nodes(global_batch, job.ranks_per_node)
         js = self.controller.jobs.get(job_id)
-        least = js.spec.min_nodes if js is not None else 1
+        if js is None:
+            return False
+        least = js.spec.min_nodes
+        splits = (f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
+                  f"{job.ranks_per_node} rank(s) a node")
+        if top >= (js.spec.max_nodes if js.node_cap is None else js.node_cap):
+            return self.controller.cap_nodes(job_id, top, why=f"{splits} now")
         fix = batch_below_node(global_batch, job.ranks_per_node) or (
             f"past {top} node(s) a rank trains nothing, but its min_nodes={least} keeps it "
             "there: lower min_nodes or raise global_batch" if least > top else
             f"past {top} node(s) a rank trains nothing; give global_batch={global_batch} in "
             "its malleable options to cap it from submit")
-        return self.controller.cap_nodes(job_id, top, why=(
-            f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
-            f"{job.ranks_per_node} rank(s) a node: {fix}"))
+        return self.controller.cap_nodes(job_id, top, why=f"{splits}: {fix}")
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

@@ -44,7 +44,8 @@ class JobState:
     admitted_s: float | None = None
     finished_s: float | None = None
     done_samples: float = 0.0  # progress last reported (Controller.report_progress)
-    node_cap: int | None = None  # max_nodes learnt while running (Controller.cap_nodes)
+    node_cap: int | None = None  # max_nodes learnt while running (Controller.cap_nodes);
+    # None: the spec's
 
     def progress(self) -> dict[str, float]:
         """The reported progress as :class:`JobView` takes it (``JobView(..., **js.progress())``),
@@ -269,19 +270,24 @@ class Controller:
         self.advisor.observe_rescale(job_id, kind, pause_s)
 
     def cap_nodes(self, job_id: str, max_nodes: int, *, why: str) -> bool:
-        """Give ``job_id`` at most ``max_nodes`` (never below its ``min_nodes``) in every later
-        decision; True (and one warning saying ``why``) if that lowers its bound.
+        """Give ``job_id`` at most ``max_nodes`` in every later decision, clamped to its spec's
+        ``min_nodes..max_nodes``; the latest call wins, up as well as down. True (and one log
+        line saying ``why``: a warning when the bound drops, info when it rises) if that
+        changes its bound.
 
         For a bound learnt while the job runs (its loop's global batch feeds fewer ranks than
-        its ``max_nodes``): the spec stays as submitted, since advisors keep their own copy,
-        and :meth:`replan` narrows the job's view instead, whichever advisor made it."""
+        its ``max_nodes``): a later phase of the loop with a larger batch lifts what a smaller
+        one set, or the job would stay small for the rest of its run. The spec stays as
+        submitted, since advisors keep their own copy, and :meth:`replan` narrows the job's
+        view instead, whichever advisor made it."""
         js = self._job(job_id)
         bound = js.spec.max_nodes if js.node_cap is None else js.node_cap
-        cap = max(js.spec.min_nodes, int(max_nodes))
-        if cap >= bound:
+        cap = min(js.spec.max_nodes, max(js.spec.min_nodes, int(max_nodes)))
+        if cap == bound:
             return False
-        log.warning("job %r: max_nodes %d -> %d from now on: %s", job_id, bound, cap, why)
-        js.node_cap = cap
+        log.log(logging.WARNING if cap < bound else logging.INFO,
+                "job %r: max_nodes %d -> %d from now on: %s", job_id, bound, cap, why)
+        js.node_cap = None if cap == js.spec.max_nodes else cap
         return True
 
     # ---- decisions ----------------------------------------------------------------------

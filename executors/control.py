@@ -36,7 +36,14 @@ from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_
 from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
-from malleparsl.plans import MemoryBudgetError, batch_below_node, batch_max_nodes
+from malleparsl.plans import (
+    MemoryBudgetError,
+    batch_below_node,
+    batch_max_nodes,
+    fixed_plan_option,
+    fixed_plan_sizes,
+    global_batch_option,
+)
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -307,6 +314,8 @@ class ControlLoop:
         job = self.jobs[job_id]
         if ev in (DriverEvent.FINISHED, DriverEvent.FAILED):
             self.controller.finish(job_id, now_s=now)
+        elif ev is DriverEvent.UNEVEN:  # its ranks refused the size: learn the batch's sizes
+            self._split_sizes(job_id, job, job.uneven_batches[-1], now)
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
@@ -409,6 +418,7 @@ class ControlLoop:
                     self.controller.report_progress(job_id, samples_done=prog.samples)
                 if prog.global_batch is not None:
                     dirty |= self._cap_to_batch(job_id, job, prog.global_batch)
+                    dirty |= self._split_sizes(job_id, job, prog.global_batch, now)
                 self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up
@@ -436,6 +446,28 @@ class ControlLoop:
             f"past {top} node(s) a rank trains nothing; give global_batch={global_batch} in "
             "its malleable options to cap it from submit")
         return self.controller.cap_nodes(job_id, top, why=f"{splits}: {fix}")
+
+    def _split_sizes(self, job_id: str, job: MalleableJob, global_batch: int, now: float) -> bool:
+        """A job with a fixed plan whose options do not name ``global_batch`` gets from now on
+        only the node counts whose ranks split the batch its loop reports (FSDP2: every rank
+        runs as many passes), as one that named it got at submit; True if that changed them.
+        No such count in its bounds fails its future with that error, never a hang."""
+        js = self.controller.jobs.get(job_id)
+        plan = fixed_plan_option(job.options)
+        if js is None or plan is None or global_batch_option(job.options) is not None:
+            return False  # no fixed plan, or its sizes were set at submit
+        try:
+            sizes = fixed_plan_sizes(plan, js.spec.min_nodes, js.spec.max_nodes,
+                                     global_batch=global_batch, ranks_per_node=job.ranks_per_node)
+        except SpecError as exc:
+            log.error("job %s: %s", job_id, exc)
+            job.abort(exc)
+            self.controller.finish(job_id, now_s=now)
+            return True
+        return self.controller.limit_sizes(job_id, sizes, why=(
+            f"plan {plan.name!r} needs its loop's global_batch={global_batch} (ctx.steps) to "
+            f"split evenly over the ranks ({job.ranks_per_node} a node); give "
+            f"global_batch={global_batch} in its malleable options to limit it from submit"))
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

@@ -38,7 +38,7 @@ from malleparsl.executors.protocol import (
     stop_key,
 )
 from malleparsl.model import JobSpec, NodeId
-from malleparsl.plans import ExecPlan, parse_plan, plan_options
+from malleparsl.plans import ExecPlan, UnevenSplitError, parse_plan, plan_options
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class DriverEvent(str, Enum):
     LOST = "lost"  # nodes died; relaunch from the checkpoint on the remaining nodes
     FINISHED = "finished"  # the future holds rank 0's result
     FAILED = "failed"  # the future holds the user's exception (or a restart-limit error)
+    UNEVEN = "uneven"  # the plan cannot split the batch at this size: relaunch at one that can
 
 
 @dataclass
@@ -257,6 +258,7 @@ class MalleableJob:
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.notices: list[str] = []  # rank 0's warnings (ranks with no sample), each once
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
+        self.uneven_batches: list[int] = []  # batches ranks refused a size for, in order
         self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
         self.plan_for = plan_for
         self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
@@ -446,6 +448,9 @@ class MalleableJob:
                       seg.index, system)
             self._resolve(exc=system)
             return DriverEvent.FAILED
+        uneven = None if lost else self._uneven(seg)
+        if uneven is not None:
+            return self._rerun_uneven(seg, uneven)
         if seg.errors or lost:
             # a group that broke with no user error (every rank failed with a broken-group
             # type, e.g. a peer preempted before the driver heard of it) is a loss too: restart
@@ -485,6 +490,34 @@ class MalleableJob:
         self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
         self.state = JobState.WAITING
         return DriverEvent.LOST
+
+    def _uneven(self, seg: _Segment) -> UnevenSplitError | None:
+        """The ranks' refusal of the segment's size (a fixed FSDP2 plan whose batch does not
+        split there), when nothing else went wrong; None otherwise."""
+        errs = [seg.errors[r] for r in seg.error_order]
+        first = next((e for e in errs if isinstance(e, UnevenSplitError)), None)
+        if first is None or not all(isinstance(e, UnevenSplitError) or is_collateral(e)
+                                    for e in errs):
+            return None
+        return first
+
+    def _rerun_uneven(self, seg: _Segment, err: UnevenSplitError) -> DriverEvent:
+        """Back to waiting (from the last checkpoint, as after a loss) so the control loop,
+        told the batch (:attr:`uneven_batches`), relaunches at a size that splits it: the size
+        was the controller's choice, not the user's mistake. A batch refused twice means the
+        controller could not avoid it: the job fails with the ranks' error, never a loop."""
+        if err.global_batch in self.uneven_batches:
+            log.error("job %s: segment %d at %d node(s) refused global_batch=%d again",
+                      self.job_id, seg.index, len(seg.nodes), err.global_batch)
+            self._resolve(exc=err)
+            return DriverEvent.FAILED
+        self.uneven_batches.append(err.global_batch)
+        log.warning("job %s: its plan cannot split global_batch=%d over segment %d's %d "
+                    "rank(s); relaunching at a size that does", self.job_id,
+                    err.global_batch, seg.index, seg.world_size)
+        self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
+        self.state = JobState.WAITING
+        return DriverEvent.UNEVEN
 
     def _loss_cause(self, seg: _Segment, lost: set[NodeId]) -> BaseException:
         """What ended the segment: a node-loss error, the hung ranks, or the first rank error."""

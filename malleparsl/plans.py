@@ -274,6 +274,20 @@ def splits_for(plan: ExecPlan, global_batch: int, ranks: int) -> bool:
     return not plan.fsdp or ranks == 1 or global_batch % ranks == 0
 
 
+class UnevenSplitError(SpecError):
+    """A fixed FSDP2 plan was launched at a size whose ranks do not split the loop's global
+    batch (:func:`splits_for`), and the options did not name ``global_batch``: the controller
+    could not have known. Carries the batch, so the executor re-runs the job at a size that
+    splits it instead of failing the user's future for the controller's choice."""
+
+    def __init__(self, message: str, global_batch: int) -> None:
+        super().__init__(message)
+        self.global_batch = global_batch
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # ranks ship it to the driver
+        return type(self), (str(self), self.global_batch)
+
+
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
     return replace(plan, micro_batch=micro_batch)
 

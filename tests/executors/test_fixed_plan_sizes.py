@@ -134,12 +134,16 @@ def test_plans_that_parse_are_accepted_at_submit_as_before() -> None:
 def test_ctx_steps_says_to_name_global_batch_when_the_options_do_not() -> None:
     """Without the option the controller cannot know the batch: the error says to give it.
     Old code: '... does not: run another plan or size' (the size is not the user's choice)."""
-    with pytest.raises(SpecError, match=r"global_batch=64 over 3 ranks does not: pass "
+    from malleparsl.plans import UnevenSplitError
+
+    with pytest.raises(UnevenSplitError, match=r"global_batch=64 over 3 ranks does not: pass "
                        r"global_batch=64 in the app's malleable options \(e.g. "
-                       r"@malleable_app\(global_batch=64, ...\)\)"):
+                       r"@malleable_app\(global_batch=64, ...\)\)") as e:
         _steps_at_with_batch(3, plan="fsdp")
-    with pytest.raises(SpecError, match=r"over 3 ranks does not: run another plan or size"):
+    assert e.value.global_batch == 64  # what the executor re-sizes the job with
+    with pytest.raises(SpecError, match=r"over 3 ranks does not: run another plan or size") as e:
         _steps_at(3, plan="fsdp", global_batch=64)  # the option given: not a controller's size
+    assert not isinstance(e.value, UnevenSplitError)  # the controller knew: no re-run
 
 
 def _steps_at_with_batch(n_ranks: int, **options) -> None:  # noqa: ANN003

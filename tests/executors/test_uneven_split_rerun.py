@@ -193,3 +193,16 @@ def test_the_driver_reports_the_refusal_as_its_own_event(tmp_path) -> None:
         fut.set_exception(UnevenSplitError(UNEVEN, 64))
         events.append(job.on_rank_done(seg.index, rank, fut))
     assert events == [None, None, DriverEvent.UNEVEN] and job.uneven_batches == [64]
+
+
+def test_the_pilot_demand_follows_the_learnt_sizes(tmp_path) -> None:
+    """The site configs' demand hook sums the snapshot's max_nodes. Old code: 3 after the
+    job learnt it runs at 1 or 2 only, so a pilot scavenger held a node for nothing."""
+    from malleparsl.executors.snapshot import take_snapshot
+
+    loop, job, ex, store = _loop(tmp_path)
+    assert take_snapshot(loop).jobs["p"].max_nodes == 3
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
+    assert take_snapshot(loop).jobs["p"].max_nodes == 2
+    loop.controller.cap_nodes("p", 1, why="batch 1")
+    assert take_snapshot(loop).jobs["p"].max_nodes == 1

@@ -483,10 +483,13 @@ class TrainContext:
     @property
     def plan(self) -> Any:
         """This segment's execution plan (option ``plan``, default ``dp``); see
-        :mod:`malleparsl.apps.plans`."""
+        :mod:`malleparsl.apps.plans`. ``"auto"`` reaches the ranks only when the job has no
+        automatic plans (no ``memory_profile``; the driver names the chosen plan otherwise):
+        plain ``dp``, as the submit check accepted it."""
         from malleparsl.plans import parse_plan
 
-        return parse_plan(self.options.get("plan"))
+        name = self.options.get("plan")
+        return parse_plan(None if name == "auto" else name)
 
     # -- the loop -------------------------------------------------------------------------
     def steps(

@@ -464,10 +464,12 @@ class ControlLoop:
             job.abort(exc)
             self.controller.finish(job_id, now_s=now)
             return True
-        return self.controller.limit_sizes(job_id, sizes, why=(
-            f"plan {plan.name!r} needs its loop's global_batch={global_batch} (ctx.steps) to "
-            f"split evenly over the ranks ({job.ranks_per_node} a node); give "
-            f"global_batch={global_batch} in its malleable options to limit it from submit"))
+        why = (f"plan {plan.name!r} needs its loop's global_batch={global_batch} (ctx.steps) "
+               f"to split evenly over the ranks ({job.ranks_per_node} a node)")
+        if len(sizes) < js.spec.max_nodes - js.spec.min_nodes + 1:
+            why += (f"; give global_batch={global_batch} in its malleable options to limit it "
+                    "from submit")
+        return self.controller.limit_sizes(job_id, sizes, why=why)
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

@@ -44,8 +44,7 @@ class JobState:
     admitted_s: float | None = None
     finished_s: float | None = None
     done_samples: float = 0.0  # progress last reported (Controller.report_progress)
-    node_cap: int | None = None  # max_nodes learnt while running (Controller.cap_nodes);
-    # None: the spec's
+    node_cap: int | None = None  # max_nodes learnt while running (cap_nodes); None: the spec's
     node_sizes: tuple[int, ...] | None = None  # sizes learnt while running (limit_sizes)
 
     def progress(self) -> dict[str, float]:
@@ -293,8 +292,8 @@ class Controller:
 
     def limit_sizes(self, job_id: str, sizes: Sequence[int], *, why: str) -> bool:
         """Give ``job_id`` only node counts in ``sizes`` in every later decision, the latest
-        call winning (all of ``min_nodes..max_nodes``: no limit); True (and one warning saying
-        ``why``) if that changes them.
+        call winning (all of ``min_nodes..max_nodes``: no limit); True (and one log line saying
+        ``why``: a warning for a limit, info when it is lifted) if that changes them.
 
         For sizes learnt while the job runs: a fixed FSDP2 plan runs only where its ranks
         split the loop's global batch, which a job whose options do not name it reveals only
@@ -307,8 +306,9 @@ class Controller:
         new = None if got == tuple(range(js.spec.min_nodes, js.spec.max_nodes + 1)) else got
         if new == js.node_sizes:
             return False
-        log.warning("job %r: node counts %s only from now on: %s", job_id,
-                    "all" if new is None else list(new), why)
+        log.log(logging.INFO if new is None else logging.WARNING, "job %r: %s from now on: %s",
+                job_id, "every node count" if new is None else f"node counts {list(new)} only",
+                why)
         js.node_sizes = new
         return True
 

@@ -127,9 +127,11 @@ def test_a_user_error_among_the_refusals_fails_the_future_as_before(tmp_path) ->
     assert job.uneven_batches == [] and loop.controller.jobs["p"].node_sizes is None
 
 
-def test_a_progress_record_limits_the_sizes_before_any_refusal(tmp_path) -> None:
+def test_a_progress_record_limits_the_sizes_before_any_refusal(tmp_path, caplog) -> None:
     """The job runs on 2 nodes and reports batch 64; a third node appears. Old code: the
-    controller grew it to 3, where its ranks would refuse the size (a lost segment)."""
+    controller grew it to 3, where its ranks would refuse the size (a lost segment). A later
+    batch that splits at every size lifts the limit."""
+    caplog.set_level(logging.INFO, logger="malleparsl.controller")
     loop, job, ex, store = _loop(tmp_path, nodes=("a", "b"))
     store.set(progress_key("p", job.segment.index), json.dumps(
         {"time": 7.0, "samples_per_s": 50.0, "samples": 640.0, "global_batch": 64}))
@@ -142,6 +144,13 @@ def test_a_progress_record_limits_the_sizes_before_any_refusal(tmp_path) -> None
     assert loop._tick() and loop.controller.jobs["p"].node_sizes is None  # 48 splits over 3
     loop._replan()
     assert loop.controller.allocation.size("p") == 3
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "from now on" in r.getMessage()]
+    assert said == [
+        ("WARNING", "job 'p': node counts [1, 2] only from now on: plan 'fsdp' needs its loop's "
+                    "global_batch=64 (ctx.steps) to split evenly over the ranks (1 a node); give "
+                    "global_batch=64 in its malleable options to limit it from submit"),
+        ("INFO", "job 'p': every node count from now on: plan 'fsdp' needs its loop's "
+                 "global_batch=48 (ctx.steps) to split evenly over the ranks (1 a node)")]
 
 
 def test_the_refusal_reaches_the_driver_with_its_batch() -> None:

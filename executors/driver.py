@@ -258,7 +258,9 @@ class MalleableJob:
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.notices: list[str] = []  # rank 0's warnings (ranks with no sample), each once
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
-        self.uneven_batches: list[int] = []  # batches ranks refused a size for, in order
+        # batches ranks refused a size for, in order, since rank 0 last reported training at
+        # another batch (a later refusal of one of them is news again: a phased loop)
+        self.uneven_batches: list[int] = []
         self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
         self.plan_for = plan_for
         self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
@@ -504,8 +506,9 @@ class MalleableJob:
     def _rerun_uneven(self, seg: _Segment, err: UnevenSplitError) -> DriverEvent:
         """Back to waiting (from the last checkpoint, as after a loss) so the control loop,
         told the batch (:attr:`uneven_batches`), relaunches at a size that splits it: the size
-        was the controller's choice, not the user's mistake. A batch refused twice means the
-        controller could not avoid it: the job fails with the ranks' error, never a loop."""
+        was the controller's choice, not the user's mistake. A batch refused twice with no
+        record of training at another batch between (which may lift the sizes learnt) means
+        the controller could not avoid it: the job fails with the ranks' error, never a loop."""
         if err.global_batch in self.uneven_batches:
             log.error("job %s: segment %d at %d node(s) refused global_batch=%d again",
                       self.job_id, seg.index, len(seg.nodes), err.global_batch)
@@ -582,9 +585,12 @@ class MalleableJob:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
         done, gb = rec.get("samples"), rec.get("global_batch")
+        gb = int(gb) if isinstance(gb, int) and gb >= 1 else None
+        if gb is not None and gb not in self.uneven_batches:  # the loop trains at another
+            # batch (its records may lift the sizes learnt): a refused one may come back
+            self.uneven_batches.clear()
         return ProgressReading(len(seg.nodes), float(rate), seg.plan,
-                               None if done is None else float(done),
-                               int(gb) if isinstance(gb, int) and gb >= 1 else None)
+                               None if done is None else float(done), gb)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -215,3 +215,48 @@ def test_the_pilot_demand_follows_the_learnt_sizes(tmp_path) -> None:
     assert take_snapshot(loop).jobs["p"].max_nodes == 2
     loop.controller.cap_nodes("p", 1, why="batch 1")
     assert take_snapshot(loop).jobs["p"].max_nodes == 1
+
+
+def test_a_batch_refused_again_after_the_loop_trained_at_another_is_rerun_not_failed(
+        tmp_path) -> None:
+    """A loop that warms up at batch 48 (splits over 1, 2 or 3 ranks) then trains at 64: its
+    segment on 3 nodes refuses 64 at the phase boundary; relaunched on 2 from the checkpoint
+    (in the 48 phase), rank 0 reports 48, which lifts the limit, and the job grows back to 3
+    until the boundary, where 64 is refused again. The controller could not have known either
+    time. Old code: the second refusal of 64 failed the future ('refused twice')."""
+    from malleparsl.executors.protocol import SegmentOutcome
+
+    loop, job, ex, store = _loop(tmp_path)
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
+    loop._replan()
+    assert len(job.segment.nodes) == 2
+    store.set(progress_key("p", job.segment.index), json.dumps(
+        {"time": 7.0, "samples_per_s": 50.0, "samples": 480.0, "global_batch": 48}))
+    assert loop._tick() and loop.controller.jobs["p"].node_sizes is None
+    loop._replan()  # grows back to 3: a stop, then a relaunch
+    seg = job.segment
+    assert job.state is JobState.STOPPING
+    for rank, (_, fut) in enumerate(ex.futures[-seg.world_size:]):
+        fut.set_result(SegmentOutcome("stopped", rank, 12, 576.0))
+        loop._handle(("rank", "p", seg.index, rank, fut))
+    loop._replan()
+    assert len(job.segment.nodes) == 3
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
+    assert not job.future.done() and job.state is JobState.WAITING
+    assert loop.controller.jobs["p"].node_sizes == (1, 2)
+    loop._replan()
+    assert len(job.segment.nodes) == 2 and job.restarts == 0
+
+
+def test_a_batch_refused_again_with_only_its_own_records_between_still_fails(tmp_path) -> None:
+    """The guard against a loop: records of the refused batch itself teach nothing new, so
+    a second refusal of it (the controller chose a size it knew to avoid) fails the future."""
+    loop, job, ex, store = _loop(tmp_path)
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
+    loop._replan()
+    store.set(progress_key("p", job.segment.index), json.dumps(
+        {"time": 7.0, "samples_per_s": 50.0, "samples": 640.0, "global_batch": 64}))
+    loop._tick()
+    err = UnevenSplitError(UNEVEN, 64)
+    _refuse(loop, job, ex, err)
+    assert job.future.exception() is err and job.state is JobState.DONE

@@ -260,3 +260,26 @@ def test_a_batch_refused_again_with_only_its_own_records_between_still_fails(tmp
     err = UnevenSplitError(UNEVEN, 64)
     _refuse(loop, job, ex, err)
     assert job.future.exception() is err and job.state is JobState.DONE
+
+
+def test_a_jpa_probe_at_a_min_nodes_the_job_learnt_it_cannot_run_at_moves_to_one_it_can() -> None:
+    """The JPA probes a new job at its min_nodes (3); its ranks refuse 3 (batch 64), so it runs
+    at 4 or 8 only. Old code: the probe view stayed pinned at 3, which _bounded turned into 4,
+    so the probe was never placed nor timed out: the job stayed at 4 of 40 idle nodes for
+    good (and its probe held the JPA's probe budget)."""
+    from malleparsl.executors.planning import build_policy
+
+    pol, jpa = build_policy("jpa", {}, None)
+    ctl = Controller(policy=pol, advisor=jpa)
+    ctl.add_nodes([f"n{i:02d}" for i in range(40)], now_s=0)
+    ctl.submit(spec_from_options({"job_id": "a", "min_nodes": 3, "max_nodes": 8, "plan": "fsdp",
+                                  "total_samples": 1e12}), now_s=0)
+    ctl.replan(now_s=0)
+    assert ctl.allocation.size("a") == 3 and jpa.probe_requests() == {"a": 3}
+    ctl.limit_sizes("a", (4, 8), why="batch 64")  # what the refusal at 3 teaches
+    ctl.replan(now_s=1)
+    assert jpa.probe_requests() == {"a": 4} and ctl.allocation.size("a") == 4
+    for t in range(2, 40):  # readings at the probed size end the probe; the job then grows
+        ctl.observe("a", n_nodes=ctl.allocation.size("a"), samples_per_s=100.0, now_s=30.0 * t)
+        ctl.replan(now_s=30.0 * t)
+    assert jpa.probe_requests() == {} and ctl.allocation.size("a") == 8

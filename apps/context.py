@@ -539,7 +539,7 @@ class TrainContext:
                    f"ranks (every rank runs as many passes: FSDP2's collectives are inside them); "
                    f"global_batch={global_batch} over {self.world_size} ranks does not: {fix}")
             if option is None:  # the controller's size: the executor re-runs at one that splits
-                raise UnevenSplitError(why, global_batch)
+                raise UnevenSplitError(why, global_batch, step=self.step)
             raise SpecError(why)
         self.sampler = GlobalBatchSampler(
             dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,

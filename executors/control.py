@@ -315,7 +315,7 @@ class ControlLoop:
         if ev in (DriverEvent.FINISHED, DriverEvent.FAILED):
             self.controller.finish(job_id, now_s=now)
         elif ev is DriverEvent.UNEVEN:  # its ranks refused the size: learn the batch's sizes
-            self._split_sizes(job_id, job, job.uneven_batches[-1], now)
+            self._split_sizes(job_id, job, next(reversed(job.uneven_ahead)), now)
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
@@ -451,7 +451,10 @@ class ControlLoop:
         """A job with a fixed plan whose options do not name ``global_batch`` gets from now on
         only the node counts whose ranks split the batch its loop reports (FSDP2: every rank
         runs as many passes), as one that named it got at submit; True if that changed them.
-        No such count in its bounds fails its future with that error, never a hang."""
+        No such count in its bounds fails its future with that error, never a hang. Within
+        those, only the counts that split a batch its ranks refused further on, until the loop
+        passes that step (:attr:`MalleableJob.uneven_ahead`; a warm-up phase's batch would
+        grow it back into the size refused at the next phase), where some count splits both."""
         js = self.controller.jobs.get(job_id)
         plan = fixed_plan_option(job.options)
         if js is None or plan is None or global_batch_option(job.options) is not None:
@@ -466,6 +469,17 @@ class ControlLoop:
             return True
         why = (f"plan {plan.name!r} needs its loop's global_batch={global_batch} (ctx.steps) "
                f"to split evenly over the ranks ({job.ranks_per_node} a node)")
+        for b, step in job.uneven_ahead.items():
+            if b == global_batch:
+                continue
+            try:
+                ahead = set(fixed_plan_sizes(plan, js.spec.min_nodes, js.spec.max_nodes,
+                                             global_batch=b, ranks_per_node=job.ranks_per_node))
+            except SpecError:
+                continue
+            if ahead & set(sizes):
+                sizes = tuple(k for k in sizes if k in ahead)
+                why += f", and global_batch={b}, which its ranks refused at step {step}, ahead"
         if len(sizes) < js.spec.max_nodes - js.spec.min_nodes + 1:
             why += (f"; give global_batch={global_batch} in its malleable options to limit it "
                     "from submit")

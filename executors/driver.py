@@ -113,6 +113,7 @@ class ProgressReading:
     plan: ExecPlan | None  # None: the job runs a fixed plan of its own (no automatic plans)
     samples: float | None = None
     global_batch: int | None = None  # what the loop splits per step (ctx.steps), if it says
+    step: int | None = None  # the loop's step as of the record
 
 
 @dataclass
@@ -258,9 +259,9 @@ class MalleableJob:
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.notices: list[str] = []  # rank 0's warnings (ranks with no sample), each once
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
-        # batches ranks refused a size for, in order, since rank 0 last reported training at
-        # another batch (a later refusal of one of them is news again: a phased loop)
-        self.uneven_batches: list[int] = []
+        # batches ranks refused a size for, in order, each with the step the loop needs it
+        # from, until rank 0 reports a step past it (refused again after that: a phased loop)
+        self.uneven_ahead: dict[int, int] = {}
         self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
         self.plan_for = plan_for
         self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
@@ -505,16 +506,16 @@ class MalleableJob:
 
     def _rerun_uneven(self, seg: _Segment, err: UnevenSplitError) -> DriverEvent:
         """Back to waiting (from the last checkpoint, as after a loss) so the control loop,
-        told the batch (:attr:`uneven_batches`), relaunches at a size that splits it: the size
-        was the controller's choice, not the user's mistake. A batch refused twice with no
-        record of training at another batch between (which may lift the sizes learnt) means
-        the controller could not avoid it: the job fails with the ranks' error, never a loop."""
-        if err.global_batch in self.uneven_batches:
+        told the batch (:attr:`uneven_ahead`), relaunches at a size that splits it: the size
+        was the controller's choice, not the user's mistake. A batch refused again before rank
+        0 reported a step past where the loop needs it means the controller could not avoid
+        it: the job fails with the ranks' error, never a loop (each re-run trains a step)."""
+        if err.global_batch in self.uneven_ahead:
             log.error("job %s: segment %d at %d node(s) refused global_batch=%d again",
                       self.job_id, seg.index, len(seg.nodes), err.global_batch)
             self._resolve(exc=err)
             return DriverEvent.FAILED
-        self.uneven_batches.append(err.global_batch)
+        self.uneven_ahead[err.global_batch] = int(getattr(err, "step", 0) or 0)
         log.warning("job %s: its plan cannot split global_batch=%d over segment %d's %d "
                     "rank(s); relaunching at a size that does", self.job_id,
                     err.global_batch, seg.index, seg.world_size)
@@ -586,11 +587,12 @@ class MalleableJob:
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
         done, gb = rec.get("samples"), rec.get("global_batch")
         gb = int(gb) if isinstance(gb, int) and gb >= 1 else None
-        if gb is not None and gb not in self.uneven_batches:  # the loop trains at another
-            # batch (its records may lift the sizes learnt): a refused one may come back
-            self.uneven_batches.clear()
+        step = rec.get("step") if isinstance(rec.get("step"), int) else None
+        for b, at in list(self.uneven_ahead.items()):
+            if step is not None and step > at:  # the loop trained past it at a size that splits
+                del self.uneven_ahead[b]
         return ProgressReading(len(seg.nodes), float(rate), seg.plan,
-                               None if done is None else float(done), gb)
+                               None if done is None else float(done), gb, step)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -278,14 +278,16 @@ class UnevenSplitError(SpecError):
     """A fixed FSDP2 plan was launched at a size whose ranks do not split the loop's global
     batch (:func:`splits_for`), and the options did not name ``global_batch``: the controller
     could not have known. Carries the batch, so the executor re-runs the job at a size that
-    splits it instead of failing the user's future for the controller's choice."""
+    splits it instead of failing the user's future for the controller's choice, and the step
+    the loop needs it from (0 when ``ctx.steps`` had not restored the checkpoint yet)."""
 
-    def __init__(self, message: str, global_batch: int) -> None:
+    def __init__(self, message: str, global_batch: int, step: int = 0) -> None:
         super().__init__(message)
         self.global_batch = global_batch
+        self.step = step
 
-    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # ranks ship it to the driver
-        return type(self), (str(self), self.global_batch)
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:  # ranks ship it to the driver
+        return type(self), (str(self), self.global_batch, self.step)
 
 
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:

@@ -104,7 +104,7 @@ def test_a_batch_refused_twice_fails_the_future_with_the_ranks_error(tmp_path) -
     loop._replan()
     err = UnevenSplitError(UNEVEN, 64)
     _refuse(loop, job, ex, err)  # as if the controller could not avoid the size
-    assert job.future.exception() is err and job.state is JobState.DONE
+    assert job.future.exception(timeout=0) is err and job.state is JobState.DONE
     assert loop.controller.jobs["p"].status.value == "done"
 
 
@@ -124,7 +124,7 @@ def test_a_user_error_among_the_refusals_fails_the_future_as_before(tmp_path) ->
     bug = ValueError("the user's own bug")
     _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64), bug)  # not a re-run: the driver's
     assert job.state is JobState.DONE and job.future.exception() is not None  # first error
-    assert job.uneven_batches == [] and loop.controller.jobs["p"].node_sizes is None
+    assert job.uneven_ahead == {} and loop.controller.jobs["p"].node_sizes is None
 
 
 def test_a_progress_record_limits_the_sizes_before_any_refusal(tmp_path, caplog) -> None:
@@ -155,8 +155,9 @@ def test_a_progress_record_limits_the_sizes_before_any_refusal(tmp_path, caplog)
 
 def test_the_refusal_reaches_the_driver_with_its_batch() -> None:
     """Ranks' exceptions cross process boundaries pickled: the batch must survive."""
-    got = pickle.loads(pickle.dumps(UnevenSplitError(UNEVEN, 64)))
+    got = pickle.loads(pickle.dumps(UnevenSplitError(UNEVEN, 64, step=60)))
     assert type(got) is UnevenSplitError and got.global_batch == 64 and str(got) == UNEVEN
+    assert got.step == 60
     assert isinstance(got, SpecError)
 
 
@@ -201,7 +202,7 @@ def test_the_driver_reports_the_refusal_as_its_own_event(tmp_path) -> None:
     for rank, (_, fut) in enumerate(ex.futures[-seg.world_size:]):  # after the warm-ups
         fut.set_exception(UnevenSplitError(UNEVEN, 64))
         events.append(job.on_rank_done(seg.index, rank, fut))
-    assert events == [None, None, DriverEvent.UNEVEN] and job.uneven_batches == [64]
+    assert events == [None, None, DriverEvent.UNEVEN] and job.uneven_ahead == {64: 0}
 
 
 def test_the_pilot_demand_follows_the_learnt_sizes(tmp_path) -> None:
@@ -217,49 +218,63 @@ def test_the_pilot_demand_follows_the_learnt_sizes(tmp_path) -> None:
     assert take_snapshot(loop).jobs["p"].max_nodes == 1
 
 
-def test_a_batch_refused_again_after_the_loop_trained_at_another_is_rerun_not_failed(
-        tmp_path) -> None:
-    """A loop that warms up at batch 48 (splits over 1, 2 or 3 ranks) then trains at 64: its
-    segment on 3 nodes refuses 64 at the phase boundary; relaunched on 2 from the checkpoint
-    (in the 48 phase), rank 0 reports 48, which lifts the limit, and the job grows back to 3
-    until the boundary, where 64 is refused again. The controller could not have known either
-    time. Old code: the second refusal of 64 failed the future ('refused twice')."""
+def test_a_warm_up_phase_does_not_grow_the_job_back_into_the_size_refused_ahead(
+        tmp_path, caplog) -> None:
+    """A loop that warms up at batch 48 (splits over 1, 2 or 3 ranks) to step 60, then trains
+    at 64: its segment on 3 nodes refuses 64 at step 60 and is relaunched on 2 from a
+    checkpoint in the warm-up. Its records of 48 before step 60 keep it where 64 splits too;
+    past step 60 the latest batch decides again, and 64 refused at a later phase is re-run.
+    Old code: the first record of 48 lifted the limit, the job grew back to 3 and 64 was
+    refused there again, which failed the future ('refused twice')."""
+    caplog.set_level(logging.WARNING, logger="malleparsl.controller")
+    loop, job, ex, store = _loop(tmp_path)
+
+    def record(t, step, batch):  # noqa: ANN001, ANN202 - rank 0's record, read by a tick
+        store.set(progress_key("p", job.segment.index), json.dumps(
+            {"time": t, "step": step, "samples_per_s": 50.0, "samples": 48.0 * step,
+             "global_batch": batch}))
+        loop._tick()
+        loop._replan()
+
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64, step=60))
+    assert job.uneven_ahead == {64: 60}
+    loop._replan()
+    for t, step, batch in ((7.0, 50, 48), (8.0, 60, 48)):  # the warm-up's end, then 64
+        record(t, step, batch)
+        assert loop.controller.jobs["p"].node_sizes == (1, 2) and len(job.segment.nodes) == 2
+    record(9.0, 61, 64)
+    assert job.uneven_ahead == {} and loop.controller.jobs["p"].node_sizes == (1, 2)
+    record(10.0, 200, 48)  # a later phase at 48: every size again
+    assert loop.controller.jobs["p"].node_sizes is None and job.state is JobState.STOPPING
+    seg = job.segment
     from malleparsl.executors.protocol import SegmentOutcome
 
-    loop, job, ex, store = _loop(tmp_path)
-    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
-    loop._replan()
-    assert len(job.segment.nodes) == 2
-    store.set(progress_key("p", job.segment.index), json.dumps(
-        {"time": 7.0, "samples_per_s": 50.0, "samples": 480.0, "global_batch": 48}))
-    assert loop._tick() and loop.controller.jobs["p"].node_sizes is None
-    loop._replan()  # grows back to 3: a stop, then a relaunch
-    seg = job.segment
-    assert job.state is JobState.STOPPING
     for rank, (_, fut) in enumerate(ex.futures[-seg.world_size:]):
-        fut.set_result(SegmentOutcome("stopped", rank, 12, 576.0))
+        fut.set_result(SegmentOutcome("stopped", rank, 201, 48.0 * 201))
         loop._handle(("rank", "p", seg.index, rank, fut))
     loop._replan()
     assert len(job.segment.nodes) == 3
-    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
-    assert not job.future.done() and job.state is JobState.WAITING
-    assert loop.controller.jobs["p"].node_sizes == (1, 2)
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64, step=300))  # 64 again, further on
+    assert not job.future.done() and job.uneven_ahead == {64: 300}
     loop._replan()
     assert len(job.segment.nodes) == 2 and job.restarts == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "global_batch=48" in m and "from now on" in m]  # no change
 
 
-def test_a_batch_refused_again_with_only_its_own_records_between_still_fails(tmp_path) -> None:
-    """The guard against a loop: records of the refused batch itself teach nothing new, so
-    a second refusal of it (the controller chose a size it knew to avoid) fails the future."""
+def test_a_warm_up_phase_before_the_refused_step_keeps_the_guard(tmp_path) -> None:
+    """Records of another batch before the step the loop needs the refused one from are no
+    reason to try it again: a second refusal there (the controller chose a size it knew to
+    avoid) fails the future, never a loop."""
     loop, job, ex, store = _loop(tmp_path)
-    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64))
+    _refuse(loop, job, ex, UnevenSplitError(UNEVEN, 64, step=60))
     loop._replan()
     store.set(progress_key("p", job.segment.index), json.dumps(
-        {"time": 7.0, "samples_per_s": 50.0, "samples": 640.0, "global_batch": 64}))
+        {"time": 7.0, "step": 50, "samples_per_s": 50.0, "samples": 2400.0, "global_batch": 48}))
     loop._tick()
-    err = UnevenSplitError(UNEVEN, 64)
+    err = UnevenSplitError(UNEVEN, 64, step=60)
     _refuse(loop, job, ex, err)
-    assert job.future.exception() is err and job.state is JobState.DONE
+    assert job.future.exception(timeout=0) is err and job.state is JobState.DONE
 
 
 def test_a_jpa_probe_at_a_min_nodes_the_job_learnt_it_cannot_run_at_moves_to_one_it_can() -> None:
@@ -283,3 +298,20 @@ def test_a_jpa_probe_at_a_min_nodes_the_job_learnt_it_cannot_run_at_moves_to_one
         ctl.observe("a", n_nodes=ctl.allocation.size("a"), samples_per_s=100.0, now_s=30.0 * t)
         ctl.replan(now_s=30.0 * t)
     assert jpa.probe_requests() == {} and ctl.allocation.size("a") == 8
+
+
+def test_a_later_phase_refuses_with_the_step_it_starts_from() -> None:
+    """ctx.steps of a loop's second phase (64, after 60 steps of another batch) on 3 ranks:
+    the error names step 60, where the loop needs 64 from."""
+    pytest.importorskip("torch")
+    from malleparsl.apps.context import TrainContext
+
+    ctx = TrainContext(rank=0, world_size=3, local_world_size=1,
+                       options={"torch_threads": 1, "plan": "fsdp"})
+    try:
+        ctx.step = 60  # as after the first phase's steps
+        with pytest.raises(UnevenSplitError) as e:
+            next(ctx.steps(100, global_batch=64, dataset_size=640))
+    finally:
+        ctx.close()
+    assert (e.value.global_batch, e.value.step) == (64, 60)

@@ -483,10 +483,13 @@ class TrainContext:
     @property
     def plan(self) -> Any:
         """This segment's execution plan (option ``plan``, default ``dp``); see
-        :mod:`malleparsl.apps.plans`."""
+        :mod:`malleparsl.apps.plans`. ``"auto"`` reaches the ranks only when the job has no
+        automatic plans (no ``memory_profile``; the driver names the chosen plan otherwise):
+        plain ``dp``, as the submit check accepted it."""
         from malleparsl.plans import parse_plan
 
-        return parse_plan(self.options.get("plan"))
+        name = self.options.get("plan")
+        return parse_plan(None if name == "auto" else name)
 
     # -- the loop -------------------------------------------------------------------------
     def steps(
@@ -507,7 +510,7 @@ class TrainContext:
         driver's (:func:`~malleparsl.apps.sharding.check_global_batch`). Restores the latest
         checkpoint first (unless :meth:`restore` was called).
         """
-        from malleparsl.plans import global_batch_option, splits_for
+        from malleparsl.plans import UnevenSplitError, global_batch_option, splits_for
 
         option = global_batch_option(self.options)
         if global_batch is None:
@@ -532,11 +535,12 @@ class TrainContext:
                    "controller's choice, and with the option it gives the job only node counts "
                    "whose ranks split the batch evenly" if option is None else
                    "run another plan or size")
-            raise SpecError(
-                f"plan {self.plan.name!r} needs the global batch to split evenly over the ranks "
-                f"(every rank runs as many passes: FSDP2's collectives are inside them); "
-                f"global_batch={global_batch} over {self.world_size} ranks does not: {fix}"
-            )
+            why = (f"plan {self.plan.name!r} needs the global batch to split evenly over the "
+                   f"ranks (every rank runs as many passes: FSDP2's collectives are inside them); "
+                   f"global_batch={global_batch} over {self.world_size} ranks does not: {fix}")
+            if option is None:  # the controller's size: the executor re-runs at one that splits
+                raise UnevenSplitError(why, global_batch, step=self.step)
+            raise SpecError(why)
         self.sampler = GlobalBatchSampler(
             dataset_size=dataset_size, global_batch=global_batch, world_size=self.world_size,
             rank=self.rank, micro_batch=_smallest(

@@ -30,6 +30,7 @@ from malleparsl.apps.entry import RESOURCE_SPEC_KW, RankEntry
 from malleparsl.errors import SpecError
 from malleparsl.extras import require
 from malleparsl.model import JobSpec, ScalingCurve
+from malleparsl.plans import fixed_plan_option
 
 
 def validate_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
         pairs.sort()
         ScalingCurve(tuple(n for n, _ in pairs), tuple(r for _, r in pairs))  # SpecError if bad
         out["curve"] = [list(p) for p in pairs]
+    fixed_plan_option(out)  # a misspelt plan now, not on every rank once the job runs
     total = out.get("total_samples")
     JobSpec(  # reuse the model's checks (bounds, pauses, totals) with their messages
         job_id=str(out.get("job_id") or "app"),

@@ -36,7 +36,14 @@ from malleparsl.executors.warmup import NodeWarmer, entry_key, warm_entry, warm_
 from malleparsl.jpa.plans import PlanProfiler
 from malleparsl.model import NodeId
 from malleparsl.names import check_safe_name
-from malleparsl.plans import MemoryBudgetError, batch_below_node, batch_max_nodes
+from malleparsl.plans import (
+    MemoryBudgetError,
+    batch_below_node,
+    batch_max_nodes,
+    fixed_plan_option,
+    fixed_plan_sizes,
+    global_batch_option,
+)
 from malleparsl.scavenger.base import NodeEvent, NodeSource
 
 log = logging.getLogger(__name__)
@@ -307,6 +314,8 @@ class ControlLoop:
         job = self.jobs[job_id]
         if ev in (DriverEvent.FINISHED, DriverEvent.FAILED):
             self.controller.finish(job_id, now_s=now)
+        elif ev is DriverEvent.UNEVEN:  # its ranks refused the size: learn the batch's sizes
+            self._split_sizes(job_id, job, next(reversed(job.uneven_ahead)), now)
         elif ev is DriverEvent.LOST:
             gone = [n for n in job.last_lost if n in self.controller.nodes]
             self.controller.remove_nodes(gone, now_s=now)
@@ -409,6 +418,7 @@ class ControlLoop:
                     self.controller.report_progress(job_id, samples_done=prog.samples)
                 if prog.global_batch is not None:
                     dirty |= self._cap_to_batch(job_id, job, prog.global_batch)
+                    dirty |= self._split_sizes(job_id, job, prog.global_batch, now)
                 self._observed = True
             for rec in job.take_measured_rescales():
                 if rec.kind in ("up", "down") and rec.steady:  # not inflated by a start-up
@@ -418,18 +428,62 @@ class ControlLoop:
     def _cap_to_batch(self, job_id: str, job: MalleableJob, global_batch: int) -> bool:
         """A job whose loop splits ``global_batch`` samples a step gets from now on no more
         nodes than give each rank a sample (one that named the option was capped at submit);
-        True if that lowered its bound (replan: it may hold nodes that train nothing)."""
+        the latest batch decides, so a later phase with a larger one lifts the cap again.
+        True if that changed its bound (replan: it may hold nodes that train nothing, or may
+        grow)."""
         top = batch_max_nodes(global_batch, job.ranks_per_node)
         js = self.controller.jobs.get(job_id)
-        least = js.spec.min_nodes if js is not None else 1
+        if js is None:
+            return False
+        least = js.spec.min_nodes
+        splits = (f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
+                  f"{job.ranks_per_node} rank(s) a node")
+        if top >= (js.spec.max_nodes if js.node_cap is None else js.node_cap):
+            return self.controller.cap_nodes(job_id, top, why=f"{splits} now")
         fix = batch_below_node(global_batch, job.ranks_per_node) or (
             f"past {top} node(s) a rank trains nothing, but its min_nodes={least} keeps it "
             "there: lower min_nodes or raise global_batch" if least > top else
             f"past {top} node(s) a rank trains nothing; give global_batch={global_batch} in "
             "its malleable options to cap it from submit")
-        return self.controller.cap_nodes(job_id, top, why=(
-            f"its loop splits global_batch={global_batch} samples a step (ctx.steps) over "
-            f"{job.ranks_per_node} rank(s) a node: {fix}"))
+        return self.controller.cap_nodes(job_id, top, why=f"{splits}: {fix}")
+
+    def _split_sizes(self, job_id: str, job: MalleableJob, global_batch: int, now: float) -> bool:
+        """A job with a fixed plan whose options do not name ``global_batch`` gets from now on
+        only the node counts whose ranks split the batch its loop reports (FSDP2: every rank
+        runs as many passes), as one that named it got at submit; True if that changed them.
+        No such count in its bounds fails its future with that error, never a hang. Within
+        those, only the counts that split a batch its ranks refused further on, until the loop
+        passes that step (:attr:`MalleableJob.uneven_ahead`; a warm-up phase's batch would
+        grow it back into the size refused at the next phase), where some count splits both."""
+        js = self.controller.jobs.get(job_id)
+        plan = fixed_plan_option(job.options)
+        if js is None or plan is None or global_batch_option(job.options) is not None:
+            return False  # no fixed plan, or its sizes were set at submit
+        try:
+            sizes = fixed_plan_sizes(plan, js.spec.min_nodes, js.spec.max_nodes,
+                                     global_batch=global_batch, ranks_per_node=job.ranks_per_node)
+        except SpecError as exc:
+            log.error("job %s: %s", job_id, exc)
+            job.abort(exc)
+            self.controller.finish(job_id, now_s=now)
+            return True
+        why = (f"plan {plan.name!r} needs its loop's global_batch={global_batch} (ctx.steps) "
+               f"to split evenly over the ranks ({job.ranks_per_node} a node)")
+        for b, step in job.uneven_ahead.items():
+            if b == global_batch:
+                continue
+            try:
+                ahead = set(fixed_plan_sizes(plan, js.spec.min_nodes, js.spec.max_nodes,
+                                             global_batch=b, ranks_per_node=job.ranks_per_node))
+            except SpecError:
+                continue
+            if ahead & set(sizes):
+                sizes = tuple(k for k in sizes if k in ahead)
+                why += f", and global_batch={b}, which its ranks refused at step {step}, ahead"
+        if len(sizes) < js.spec.max_nodes - js.spec.min_nodes + 1:
+            why += (f"; give global_batch={global_batch} in its malleable options to limit it "
+                    "from submit")
+        return self.controller.limit_sizes(job_id, sizes, why=why)
 
     def _source_event(self, e: NodeEvent, now: float) -> None:
         if e.kind == "idle":

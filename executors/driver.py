@@ -38,7 +38,7 @@ from malleparsl.executors.protocol import (
     stop_key,
 )
 from malleparsl.model import JobSpec, NodeId
-from malleparsl.plans import ExecPlan, parse_plan, plan_options
+from malleparsl.plans import ExecPlan, UnevenSplitError, parse_plan, plan_options
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class DriverEvent(str, Enum):
     LOST = "lost"  # nodes died; relaunch from the checkpoint on the remaining nodes
     FINISHED = "finished"  # the future holds rank 0's result
     FAILED = "failed"  # the future holds the user's exception (or a restart-limit error)
+    UNEVEN = "uneven"  # the plan cannot split the batch at this size: relaunch at one that can
 
 
 @dataclass
@@ -112,6 +113,7 @@ class ProgressReading:
     plan: ExecPlan | None  # None: the job runs a fixed plan of its own (no automatic plans)
     samples: float | None = None
     global_batch: int | None = None  # what the loop splits per step (ctx.steps), if it says
+    step: int | None = None  # the loop's step as of the record
 
 
 @dataclass
@@ -257,6 +259,9 @@ class MalleableJob:
         self.last_progress: dict[str, Any] = {}  # rank 0's last progress record
         self.notices: list[str] = []  # rank 0's warnings (ranks with no sample), each once
         self.resolutions = 0  # how often the driver resolved the future: must end at exactly 1
+        # batches ranks refused a size for, in order, each with the step the loop needs it
+        # from, until rank 0 reports a step past it (refused again after that: a phased loop)
+        self.uneven_ahead: dict[int, int] = {}
         self.plan_opts = plan_options(self.options, ranks_per_node=ranks_per_node)
         self.plan_for = plan_for
         self.plan_log: list[tuple[int, int, str, float]] = []  # (segment, size, plan, start)
@@ -446,6 +451,9 @@ class MalleableJob:
                       seg.index, system)
             self._resolve(exc=system)
             return DriverEvent.FAILED
+        uneven = None if lost else self._uneven(seg)
+        if uneven is not None:
+            return self._rerun_uneven(seg, uneven)
         if seg.errors or lost:
             # a group that broke with no user error (every rank failed with a broken-group
             # type, e.g. a peer preempted before the driver heard of it) is a loss too: restart
@@ -485,6 +493,35 @@ class MalleableJob:
         self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
         self.state = JobState.WAITING
         return DriverEvent.LOST
+
+    def _uneven(self, seg: _Segment) -> UnevenSplitError | None:
+        """The ranks' refusal of the segment's size (a fixed FSDP2 plan whose batch does not
+        split there), when nothing else went wrong; None otherwise."""
+        errs = [seg.errors[r] for r in seg.error_order]
+        first = next((e for e in errs if isinstance(e, UnevenSplitError)), None)
+        if first is None or not all(isinstance(e, UnevenSplitError) or is_collateral(e)
+                                    for e in errs):
+            return None
+        return first
+
+    def _rerun_uneven(self, seg: _Segment, err: UnevenSplitError) -> DriverEvent:
+        """Back to waiting (from the last checkpoint, as after a loss) so the control loop,
+        told the batch (:attr:`uneven_ahead`), relaunches at a size that splits it: the size
+        was the controller's choice, not the user's mistake. A batch refused again before rank
+        0 reported a step past where the loop needs it means the controller could not avoid
+        it: the job fails with the ranks' error, never a loop (each re-run trains a step)."""
+        if err.global_batch in self.uneven_ahead:
+            log.error("job %s: segment %d at %d node(s) refused global_batch=%d again",
+                      self.job_id, seg.index, len(seg.nodes), err.global_batch)
+            self._resolve(exc=err)
+            return DriverEvent.FAILED
+        self.uneven_ahead[err.global_batch] = int(getattr(err, "step", 0) or 0)
+        log.warning("job %s: its plan cannot split global_batch=%d over segment %d's %d "
+                    "rank(s); relaunching at a size that does", self.job_id,
+                    err.global_batch, seg.index, seg.world_size)
+        self._pending = RescaleRecord(self.job_id, "restart", len(seg.nodes), self.clock())
+        self.state = JobState.WAITING
+        return DriverEvent.UNEVEN
 
     def _loss_cause(self, seg: _Segment, lost: set[NodeId]) -> BaseException:
         """What ended the segment: a node-loss error, the hung ranks, or the first rank error."""
@@ -549,9 +586,13 @@ class MalleableJob:
                 r.first_step_s = float(first)
                 r.ckpt_io_s += float(rec.get("ckpt_load_s") or 0.0)
         done, gb = rec.get("samples"), rec.get("global_batch")
+        gb = int(gb) if isinstance(gb, int) and gb >= 1 else None
+        step = rec.get("step") if isinstance(rec.get("step"), int) else None
+        for b, at in list(self.uneven_ahead.items()):
+            if step is not None and step > at:  # the loop trained past it at a size that splits
+                del self.uneven_ahead[b]
         return ProgressReading(len(seg.nodes), float(rate), seg.plan,
-                               None if done is None else float(done),
-                               int(gb) if isinstance(gb, int) and gb >= 1 else None)
+                               None if done is None else float(done), gb, step)
 
     def take_measured_rescales(self) -> list[RescaleRecord]:
         """Rescales whose pause became known since the last call (for ``observe_rescale``)."""

@@ -99,12 +99,15 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
         curve = ScalingCurve.from_points(points, name=str(job_id))
     from malleparsl.plans import (
         cap_to_batch,
+        fixed_plan_option,
         fixed_plan_sizes,
         global_batch_option,
         node_budget,
-        parse_plan,
     )
 
+    # a misspelt plan is refused here, at submit, with or without global_batch: the ranks
+    # would refuse it only once the job holds its nodes
+    fixed = fixed_plan_option(options)
     # a budget that is no number of bytes, or two that disagree, is refused here, at submit,
     # as with automatic plans; not by every rank's prepare() once the job holds its nodes
     node_budget(options, ranks_per_node=ranks_per_node)
@@ -122,9 +125,9 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     if gb is not None:  # every rank needs a sample, with automatic plans or not
         spec = dataclasses.replace(spec, max_nodes=cap_to_batch(
             spec.min_nodes, spec.max_nodes, global_batch=gb, ranks_per_node=ranks_per_node))
-    if gb is not None and options.get("plan") not in (None, "auto"):  # a fixed plan: the
-        # sizes where its ranks split the batch
-        sizes = fixed_plan_sizes(parse_plan(options["plan"]), spec.min_nodes, spec.max_nodes,
+    if gb is not None and fixed is not None:  # a fixed plan: the sizes where its ranks
+        # split the batch
+        sizes = fixed_plan_sizes(fixed, spec.min_nodes, spec.max_nodes,
                                  global_batch=gb, ranks_per_node=ranks_per_node)
         holes = len(sizes) != sizes[-1] - sizes[0] + 1  # the views list the sizes
         spec = dataclasses.replace(spec, min_nodes=sizes[0], max_nodes=sizes[-1],

@@ -110,6 +110,14 @@ def take_snapshot(loop: Any) -> ControlSnapshot:
         nodes=frozenset(loop.controller.nodes),
         used_nodes=frozenset(loop.controller.allocation.used_nodes),
         replans=loop.replans,
-        jobs=MappingProxyType({k: job_view(j, getattr(loop.controller.jobs.get(k), "node_cap", None))
+        jobs=MappingProxyType({k: job_view(j, learnt_max(loop.controller.jobs.get(k)))
                                for k, j in loop.jobs.items()}),
     )
+
+
+def learnt_max(state: Any) -> int | None:
+    """The most nodes the controller learnt it may give a job while it runs (None: its
+    spec's): its cap (``JobState.node_cap``) or its largest learnt size (``node_sizes``)."""
+    bounds = [b for b in (getattr(state, "node_cap", None),
+                          (getattr(state, "node_sizes", None) or (None,))[-1]) if b is not None]
+    return min(bounds) if bounds else None

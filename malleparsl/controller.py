@@ -44,7 +44,8 @@ class JobState:
     admitted_s: float | None = None
     finished_s: float | None = None
     done_samples: float = 0.0  # progress last reported (Controller.report_progress)
-    node_cap: int | None = None  # max_nodes learnt while running (Controller.cap_nodes)
+    node_cap: int | None = None  # max_nodes learnt while running (cap_nodes); None: the spec's
+    node_sizes: tuple[int, ...] | None = None  # sizes learnt while running (limit_sizes)
 
     def progress(self) -> dict[str, float]:
         """The reported progress as :class:`JobView` takes it (``JobView(..., **js.progress())``),
@@ -269,19 +270,46 @@ class Controller:
         self.advisor.observe_rescale(job_id, kind, pause_s)
 
     def cap_nodes(self, job_id: str, max_nodes: int, *, why: str) -> bool:
-        """Give ``job_id`` at most ``max_nodes`` (never below its ``min_nodes``) in every later
-        decision; True (and one warning saying ``why``) if that lowers its bound.
+        """Give ``job_id`` at most ``max_nodes`` in every later decision, clamped to its spec's
+        ``min_nodes..max_nodes``; the latest call wins, up as well as down. True (and one log
+        line saying ``why``: a warning when the bound drops, info when it rises) if that
+        changes its bound.
 
         For a bound learnt while the job runs (its loop's global batch feeds fewer ranks than
-        its ``max_nodes``): the spec stays as submitted, since advisors keep their own copy,
-        and :meth:`replan` narrows the job's view instead, whichever advisor made it."""
+        its ``max_nodes``): a later phase of the loop with a larger batch lifts what a smaller
+        one set, or the job would stay small for the rest of its run. The spec stays as
+        submitted, since advisors keep their own copy, and :meth:`replan` narrows the job's
+        view instead, whichever advisor made it."""
         js = self._job(job_id)
         bound = js.spec.max_nodes if js.node_cap is None else js.node_cap
-        cap = max(js.spec.min_nodes, int(max_nodes))
-        if cap >= bound:
+        cap = min(js.spec.max_nodes, max(js.spec.min_nodes, int(max_nodes)))
+        if cap == bound:
             return False
-        log.warning("job %r: max_nodes %d -> %d from now on: %s", job_id, bound, cap, why)
-        js.node_cap = cap
+        log.log(logging.WARNING if cap < bound else logging.INFO,
+                "job %r: max_nodes %d -> %d from now on: %s", job_id, bound, cap, why)
+        js.node_cap = None if cap == js.spec.max_nodes else cap
+        return True
+
+    def limit_sizes(self, job_id: str, sizes: Sequence[int], *, why: str) -> bool:
+        """Give ``job_id`` only node counts in ``sizes`` in every later decision, the latest
+        call winning (all of ``min_nodes..max_nodes``: no limit); True (and one log line saying
+        ``why``: a warning for a limit, info when it is lifted) if that changes them.
+
+        For sizes learnt while the job runs: a fixed FSDP2 plan runs only where its ranks
+        split the loop's global batch, which a job whose options do not name it reveals only
+        once running. As :meth:`cap_nodes`, the spec stays as submitted."""
+        js = self._job(job_id)
+        got = tuple(sorted({int(k) for k in sizes}))
+        if not got or got[0] < js.spec.min_nodes or got[-1] > js.spec.max_nodes:
+            raise SpecError(f"job {job_id!r}: sizes must be node counts within min_nodes.."
+                            f"max_nodes ({js.spec.min_nodes}..{js.spec.max_nodes}), got {sizes!r}")
+        new = None if got == tuple(range(js.spec.min_nodes, js.spec.max_nodes + 1)) else got
+        if new == js.node_sizes:
+            return False
+        log.log(logging.INFO if new is None else logging.WARNING, "job %r: %s from now on: %s",
+                job_id, "every node count" if new is None else f"node counts {list(new)} only",
+                why)
+        js.node_sizes = new
         return True
 
     # ---- decisions ----------------------------------------------------------------------
@@ -372,20 +400,27 @@ class Controller:
         advisor made them: the sizes its spec limits it to (``meta["sizes"]``: a fixed FSDP2
         plan runs only where its ranks split the global batch evenly,
         :func:`~malleparsl.executors.planning.spec_from_options`), within any the plan advisor
-        listed; and the bound :meth:`cap_nodes` learnt (an advisor's narrower ``lo`` above the
-        cap, a probe, comes down to it)."""
+        listed, or the sizes :meth:`limit_sizes` learnt instead; and the bound :meth:`cap_nodes`
+        learnt (an advisor's narrower ``lo`` above the cap, a probe, comes down to it; one
+        pinned at a size the job cannot run, to the largest below it that it can)."""
         out = []
         for v in views:
             js = self.jobs[v.job_id]
-            fixed = js.spec.meta.get("sizes") if js.spec.meta else None
+            fixed = js.node_sizes if js.node_sizes is not None else (
+                js.spec.meta.get("sizes") if js.spec.meta else None)
             cap = js.node_cap if js.node_cap is not None and v.hi > js.node_cap else None
             if fixed is not None or cap is not None:
                 change: dict = {}
-                if fixed is not None:
-                    change["sizes"] = tuple(fixed if v.sizes is None
-                                            else sorted(set(fixed) & set(v.sizes)))
+                lo, hi = v.lo, v.hi
                 if cap is not None:
-                    change.update(min_nodes=min(v.lo, cap), max_nodes=cap)
+                    lo, hi = min(lo, cap), cap
+                    change.update(min_nodes=lo, max_nodes=hi)
+                if fixed is not None:
+                    sizes = tuple(fixed if v.sizes is None else sorted(set(fixed) & set(v.sizes)))
+                    change["sizes"] = sizes
+                    if sizes and not any(lo <= k <= hi for k in sizes):
+                        k = max((k for k in sizes if k <= hi), default=sizes[0])
+                        change.update(min_nodes=k, max_nodes=k)
                 v = dataclasses.replace(v, **change)
             out.append(v)
         return out

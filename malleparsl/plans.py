@@ -61,7 +61,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from malleparsl.errors import MalleparslError, SpecError, unknown_name
+from malleparsl.errors import MalleparslError, SpecError, UnknownNameError, unknown_name
 
 BASES = {"dp": (False, False, False), "ckpt": (True, False, False),
          "zero1": (False, True, False), "zero1+ckpt": (True, True, False),
@@ -274,6 +274,22 @@ def splits_for(plan: ExecPlan, global_batch: int, ranks: int) -> bool:
     return not plan.fsdp or ranks == 1 or global_batch % ranks == 0
 
 
+class UnevenSplitError(SpecError):
+    """A fixed FSDP2 plan was launched at a size whose ranks do not split the loop's global
+    batch (:func:`splits_for`), and the options did not name ``global_batch``: the controller
+    could not have known. Carries the batch, so the executor re-runs the job at a size that
+    splits it instead of failing the user's future for the controller's choice, and the step
+    the loop needs it from (0 when ``ctx.steps`` had not restored the checkpoint yet)."""
+
+    def __init__(self, message: str, global_batch: int, step: int = 0) -> None:
+        super().__init__(message)
+        self.global_batch = global_batch
+        self.step = step
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:  # ranks ship it to the driver
+        return type(self), (str(self), self.global_batch, self.step)
+
+
 def with_micro_batch(plan: ExecPlan, micro_batch: int | None) -> ExecPlan:
     return replace(plan, micro_batch=micro_batch)
 
@@ -338,6 +354,26 @@ def fixed_plan_sizes(plan: ExecPlan, min_nodes: int, max_nodes: int, *, global_b
             f"is a multiple of some node count x {ranks_per_node}, widen min_nodes..max_nodes "
             "or run another plan (e.g. plan='zero1', or automatic plans)")
     return sizes
+
+
+def fixed_plan_option(options: Mapping[str, Any]) -> ExecPlan | None:
+    """The job's fixed ``plan`` option parsed; None when it leaves plans alone (no ``plan``)
+    or asks for automatic ones (``"auto"``).
+
+    For the submit check: a plan :func:`parse_plan` refuses (``"fsdpp"``, ``"zero7"``,
+    ``"fsdp@mb=0"``) is a :class:`SpecError` naming the option and the valid plans, raised
+    when the job is submitted rather than by every rank once the job holds its nodes."""
+    name = options.get("plan")
+    if name is None or name == "auto":
+        return None
+    try:
+        return parse_plan(name)
+    except (SpecError, UnknownNameError) as exc:
+        why = "" if isinstance(exc, UnknownNameError) else f" ({exc})"
+        raise SpecError(
+            f"malleable option plan={name!r} is not an execution plan{why}; valid plans: "
+            f"'auto', {', '.join(repr(b) for b in BASES)}, each optionally with '@mb=N' "
+            "(micro-batches of at most N samples, e.g. 'zero1@mb=8')") from None
 
 
 def global_batch_option(options: Mapping[str, Any]) -> int | None:

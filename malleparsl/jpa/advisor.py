@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -233,7 +233,11 @@ class JobProfilingAdvisor(CurveAdvisor):
         if self.share_priors and self.adopt_priors:
             for rec in recs:
                 self._adopt_prior(rec)
-        self._update_probes(now, recs, allocation, len(snapshot.nodes))
+        # the sizes a job learnt it runs at (Controller.limit_sizes: a fixed FSDP2 plan whose
+        # batch does not split at min_nodes): a probe there would never be placed nor time out
+        runs = {js.spec.job_id: js.node_sizes for js in jobs
+                if getattr(js, "node_sizes", None) is not None}
+        self._update_probes(now, recs, allocation, len(snapshot.nodes), runs)
         n_nodes = len(snapshot.nodes)
         self._released = {}
         # no node idle: nodes a job holds past its knee are nodes another job could use
@@ -480,13 +484,24 @@ class JobProfilingAdvisor(CurveAdvisor):
                 acc[1] += ns * float(pred[k])
 
     def _update_probes(
-        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int
+        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int,
+        runs: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
-        """End finished or timed-out probes; start new ones in least-attained-service order."""
+        """End finished or timed-out probes; start new ones in least-attained-service order,
+        each at the smallest size its job runs at (``runs``: job -> the sizes it learnt; else
+        its ``min_nodes``), and move one at a size its job learnt it cannot run at there."""
+        runs = runs or {}
+
+        def least(rec: JobRecord) -> int:
+            ok = [k for k in runs.get(rec.job_id, ()) if k >= rec.spec.min_nodes]
+            return min(ok) if ok else rec.spec.min_nodes
+
         for rec in recs:
             p = rec.probe
             if p is None:
                 continue
+            if rec.job_id in runs and p.size not in runs[rec.job_id]:
+                p.size, p.started_s = least(rec), None
             if allocation.size(rec.job_id) != p.size:
                 p.started_s = None  # not placed (no nodes, or lost them): the clock waits
             elif p.started_s is None:
@@ -511,7 +526,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         waiting.sort(key=lambda r: (r.attained_ns, r.order))
         credit = self.probe_timeout_s  # one probe's worth at one node
         for rec in waiting:
-            size = rec.spec.min_nodes
+            size = least(rec)
             if size > n_nodes or in_use + size > cap:
                 continue
             if any_known and self.probe_ns > self.probe_share * self.used_ns + credit:

@@ -132,3 +132,31 @@ def test_a_batch_smaller_than_one_nodes_ranks_is_not_told_to_name_the_option() -
     with pytest.raises(SpecError):  # what following the old advice did
         cap_to_batch(1, 1, global_batch=2, ranks_per_node=4)
     assert "Pass global_batch=2" in check_global_batch(2, 8, ranks_per_node=2)  # 1 node feeds
+
+
+def test_a_misspelt_plan_is_refused_where_the_app_is_declared_or_called() -> None:
+    """Old code: @malleable_app(plan="fsdpp") was accepted; the job failed on its ranks."""
+    from malleparsl.apps import malleable_app
+    from malleparsl.apps.examples_digits import train_mlp
+
+    with pytest.raises(SpecError, match=r"malleable option plan='fsdpp' is not an execution "
+                       r"plan; valid plans: 'auto', 'dp'"):
+        malleable_app(max_nodes=2, plan="fsdpp")(train_mlp)
+    app = malleable_app(max_nodes=2, plan="fsdp")(train_mlp)
+    with pytest.raises(SpecError, match=r"plan='zero7' is not an execution plan"):
+        app(malleable_options={"plan": "zero7"})
+
+
+def test_plan_auto_without_a_memory_profile_trains_as_plain_dp() -> None:
+    """Accepted at submit (no automatic plans without a profile: the driver names none).
+    Old code: every rank failed with "unknown plan 'auto'"."""
+    from malleparsl.apps.entry import RankEntry
+    from malleparsl.apps.examples_digits import train_mlp
+
+    def run(**options):  # noqa: ANN003, ANN202
+        return [h["loss"] for h in RankEntry(train_mlp).local(
+            total_steps=3, global_batch=4, dtype="float64",
+            options={"torch_threads": 1, **options})["history"]]
+
+    assert _ctx(plan="auto").plan.name == "dp"
+    assert run(plan="auto") == run()

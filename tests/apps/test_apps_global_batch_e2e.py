@@ -12,8 +12,13 @@ The digits MLP with a global batch of 2 samples, ``max_nodes=3`` and 3 idle node
 * a fixed FSDP2 plan (``plan="fsdp"``, ``global_batch=64``) runs only at node counts whose ranks
   split the batch evenly: 1 or 2 of the 3 idle nodes, never 3 (before: 3 nodes, then
   ``ctx.steps``' SpecError failed the job), with the one-process trajectory;
+* the same FSDP2 job *without* the option starts on 3 nodes (the controller cannot know the
+  batch), its ranks refuse the size in ``ctx.steps`` with the batch in their error, and the
+  executor relaunches it on 2 and never 3 again, with the one-process trajectory (before: the
+  future failed with 'pass global_batch=64 in the app's malleable options', the result lost);
 * ``min_nodes=3`` with ``global_batch=2`` fails its app future at submit with a SpecError,
-  and an option that disagrees with the loop's batch fails it before the first step.
+  an option that disagrees with the loop's batch fails it before the first step, and a
+  misspelt plan is refused by the executor's submit.
 """
 
 from __future__ import annotations
@@ -110,6 +115,34 @@ def test_a_fixed_fsdp_plan_runs_only_where_its_ranks_split_the_batch(live) -> No
     assert result["steps"] == STEPS
     assert got == pytest.approx([h["loss"] for h in base], rel=0, abs=1e-9)
     assert {h["plan"] for h in result["history"] if h["world_size"] == 2} == {"fsdp"}
+
+
+def test_a_fixed_fsdp_plan_without_the_option_is_rerun_where_its_ranks_split_the_batch(
+        live, caplog) -> None:
+    """Old code: segment 0 on 3 nodes, every rank's SpecError failed the future (the
+    'pass global_batch=64 in the app's malleable options' error; result lost)."""
+    caplog.set_level(logging.WARNING, logger="malleparsl")
+    result, sizes = run(live, "fsdp-no-option", fn=train_blocks, batch=64, pace=2e-4,
+                        plan="fsdp")
+    assert sizes[0] == (3, 3) and (2, 2) in sizes, sizes  # the batch unknown until refused
+    assert (3, 3) not in sizes[1:], sizes  # and never 3 again
+    base = RankEntry(train_blocks).local(total_steps=STEPS, global_batch=64, dtype="float64",
+                                         options={"torch_threads": 1})["history"]
+    got = [h["loss"] for h in result["history"]]
+    assert result["steps"] == STEPS
+    assert got == pytest.approx([h["loss"] for h in base], rel=0, abs=1e-9)
+    said = [r.getMessage() for r in caplog.records if "fsdp-no-option" in r.getMessage()]
+    assert any("cannot split global_batch=64 over segment 0's 3 rank(s); relaunching" in m
+               for m in said), said
+    assert any("node counts [1, 2] only from now on: plan 'fsdp' needs its loop's "
+               "global_batch=64" in m for m in said), said
+
+
+def test_the_executor_refuses_a_misspelt_plan_at_submit(live) -> None:
+    """Old code: accepted without global_batch; every rank then refused the plan."""
+    with pytest.raises(SpecError, match=r"malleable option plan='zero7' is not an execution "
+                       r"plan; valid plans: 'auto'"):
+        live.submit(RankEntry(train_mlp), {"malleable": {"max_nodes": 2, "plan": "zero7"}})
 
 
 def test_impossible_or_disagreeing_batches_fail_the_app_future(live) -> None:

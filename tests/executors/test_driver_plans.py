@@ -214,6 +214,28 @@ def test_a_job_without_global_batch_is_capped_once_its_loop_reports_the_batch(tm
                     "from submit"]
 
 
+def test_a_later_phase_with_a_larger_batch_lifts_the_learnt_cap(tmp_path, caplog) -> None:
+    """Rank 0's records say batch 2 (1 node of 2 ranks), then, in the loop's second phase,
+    batch 6 (3 nodes): the job gets its 3 nodes back. Old code: the cap only went down, the
+    job stayed on 1 node for the rest of its run."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="malleparsl.controller")
+    loop, job, store = _running_loop(tmp_path, ranks_per_node=2)
+    assert loop._cap_to_batch("p", job, 2) and not loop._cap_to_batch("p", job, 2)
+    loop._replan()
+    assert loop.controller.allocation.size("p") == 1
+    assert loop._cap_to_batch("p", job, 4) and loop.controller.jobs["p"].node_cap == 2
+    assert loop._cap_to_batch("p", job, 6) and loop.controller.jobs["p"].node_cap is None
+    loop._replan()
+    assert loop.controller.allocation.size("p") == 3
+    said = [m for r in caplog.records if "max_nodes" in (m := r.getMessage())]
+    assert said[1:] == ["job 'p': max_nodes 1 -> 2 from now on: its loop splits global_batch=4 "
+                        "samples a step (ctx.steps) over 2 rank(s) a node now",
+                        "job 'p': max_nodes 2 -> 3 from now on: its loop splits global_batch=6 "
+                        "samples a step (ctx.steps) over 2 rank(s) a node now"]
+
+
 def test_a_learnt_cap_below_one_node_says_to_raise_the_batch_not_to_name_it(tmp_path,
                                                                           caplog) -> None:
     """4 ranks a node, a loop batch of 2: the job keeps its one node (min_nodes) and the

@@ -110,15 +110,40 @@ def test_a_fixed_fsdp_job_no_size_of_which_splits_its_batch_is_refused_at_submit
                           ranks_per_node=2)
 
 
+@pytest.mark.parametrize("options", [{}, {"global_batch": 64}, {"memory_profile": {
+    "params": 1000, "act_per_sample": 1.0, "act_ckpt_per_sample": 1.0}, "global_batch": 64}])
+@pytest.mark.parametrize(("plan", "why"), [
+    ("fsdpp", r"; valid"), ("zero7", r"; valid"), ("FSDP", r"; valid"),
+    ("fsdp@mb=0", r" \(plan 'fsdp@mb=0': write 'fsdp@mb=N' with an integer N >= 1\); valid"),
+    (3, r" \(plan must be a string like 'zero1@mb=8', got 3\); valid")])
+def test_a_misspelt_fixed_plan_is_refused_at_submit_with_or_without_global_batch(
+        options, plan, why) -> None:  # noqa: ANN001
+    """Old code: without global_batch the spec was built and every rank refused the plan once
+    the job held its nodes; with it, an UnknownNameError (no SpecError) came out."""
+    with pytest.raises(SpecError, match=rf"^malleable option plan={plan!r} is not an execution "
+                       rf"plan{why} plans: 'auto', 'dp', 'ckpt', 'zero1', 'zero1\+ckpt', "
+                       r"'fsdp', 'fsdp\+ckpt', each optionally with '@mb=N'"):
+        spec_from_options({"job_id": "a", "max_nodes": 4, "plan": plan, **options})
+
+
+def test_plans_that_parse_are_accepted_at_submit_as_before() -> None:
+    for plan in (None, "auto", "dp", " zero1 ", "fsdp+ckpt@mb=8"):
+        assert spec_from_options({"job_id": "a", "max_nodes": 4, "plan": plan}).max_nodes == 4
+
+
 def test_ctx_steps_says_to_name_global_batch_when_the_options_do_not() -> None:
     """Without the option the controller cannot know the batch: the error says to give it.
     Old code: '... does not: run another plan or size' (the size is not the user's choice)."""
-    with pytest.raises(SpecError, match=r"global_batch=64 over 3 ranks does not: pass "
+    from malleparsl.plans import UnevenSplitError
+
+    with pytest.raises(UnevenSplitError, match=r"global_batch=64 over 3 ranks does not: pass "
                        r"global_batch=64 in the app's malleable options \(e.g. "
-                       r"@malleable_app\(global_batch=64, ...\)\)"):
+                       r"@malleable_app\(global_batch=64, ...\)\)") as e:
         _steps_at_with_batch(3, plan="fsdp")
-    with pytest.raises(SpecError, match=r"over 3 ranks does not: run another plan or size"):
+    assert e.value.global_batch == 64  # what the executor re-sizes the job with
+    with pytest.raises(SpecError, match=r"over 3 ranks does not: run another plan or size") as e:
         _steps_at(3, plan="fsdp", global_batch=64)  # the option given: not a controller's size
+    assert not isinstance(e.value, UnevenSplitError)  # the controller knew: no re-run
 
 
 def _steps_at_with_batch(n_ranks: int, **options) -> None:  # noqa: ANN003

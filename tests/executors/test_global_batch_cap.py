@@ -93,14 +93,48 @@ def test_a_cap_learnt_while_running_bounds_every_later_decision(caplog) -> None:
     ctl.replan(now_s=1)
     assert ctl.allocation.size("a") == 3 and ctl.jobs["a"].node_cap == 3
     assert ctl.jobs["a"].spec.max_nodes == 8  # the submitted spec is kept
-    # said once, with the reason; the same or a looser cap changes nothing and says nothing
-    assert not ctl.cap_nodes("a", 3, why="again") and not ctl.cap_nodes("a", 5, why="looser")
+    # said once, with the reason; the same cap changes nothing and says nothing
+    assert not ctl.cap_nodes("a", 3, why="again")
     said = [r.getMessage() for r in caplog.records]
     assert said == ["job 'a': max_nodes 8 -> 3 from now on: its loop splits global_batch=6"]
     ctl.add_nodes(["m0", "m1"], now_s=2)
     ctl.replan(now_s=2)
     assert ctl.allocation.size("a") == 3
     assert not [r for r in caplog.records if "invalid allocation" in r.getMessage()]
+
+
+def test_a_learnt_cap_follows_the_latest_batch_up_to_the_specs_max_nodes(caplog) -> None:
+    """A loop whose second phase splits a larger batch (6 samples over 2 ranks a node, then
+    12, then 64): the cap rises with it, to the spec's max_nodes at most, and each change is
+    said once (a drop as a warning, a rise as info). Old code: a learnt cap only went down, so
+    the job stayed at 3 of 8 nodes for the rest of its run."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="malleparsl.controller")
+    ctl = _running()
+    sizes = []
+    for cap, changed in ((3, True), (3, False), (6, True), (32, True), (32, False), (4, True)):
+        assert ctl.cap_nodes("a", cap, why=f"batch {2 * cap}") is changed
+        ctl.replan(now_s=len(sizes))
+        sizes.append(ctl.allocation.size("a"))
+    assert sizes == [3, 3, 6, 8, 8, 4]
+    assert ctl.jobs["a"].node_cap == 4
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("WARNING", "job 'a': max_nodes 8 -> 3 from now on: batch 6"),
+                    ("INFO", "job 'a': max_nodes 3 -> 6 from now on: batch 12"),
+                    ("INFO", "job 'a': max_nodes 6 -> 8 from now on: batch 64"),
+                    ("WARNING", "job 'a': max_nodes 8 -> 4 from now on: batch 8")]
+
+
+def test_a_learnt_cap_never_lifts_a_job_past_the_cap_its_global_batch_option_set() -> None:
+    ctl = Controller(policy=make_policy("equal-share"), advisor=LinearPlaceholderAdvisor())
+    ctl.add_nodes([f"n{i}" for i in range(8)], now_s=0)
+    ctl.submit(spec_from_options({"job_id": "a", "max_nodes": 8, "global_batch": 10,
+                                  "total_samples": 1e9}, ranks_per_node=2), now_s=0)
+    assert not ctl.cap_nodes("a", 40, why="batch 80")  # the option's cap (5) stays
+    assert ctl.cap_nodes("a", 2, why="batch 4") and ctl.cap_nodes("a", 40, why="batch 80")
+    ctl.replan(now_s=1)
+    assert ctl.jobs["a"].node_cap is None and ctl.allocation.size("a") == 5
 
 
 def test_a_learnt_cap_keeps_min_nodes_and_narrows_an_advisors_view() -> None:

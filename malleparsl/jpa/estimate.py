@@ -142,18 +142,21 @@ def prior_level(
     (default :data:`PRIOR_LEVEL_SD`), so readings only at sizes the prior never measured barely
     move it: measured on the zoo, a median ratio taken at such a size (a job started from a
     prior that measured up to 16 nodes, reading at 44) put the prior's points up to 2.6x above
-    the job's truth. Sizes past the prior's ``n_max`` (a prior from a job with fewer nodes)
-    say nothing of the level and are left out. Always finite and > 0; 1 with nothing to go on.
+    the job's truth. Sizes past the prior's largest *measured* size say nothing of the level
+    and are left out: there the prior's curve is a guess (held flat past its ``n_max``, or a
+    fit's extrapolation, which can be confident and wrong: a prior measured near-linear up to
+    17 nodes claimed 4.5 % at 64, where the job's curve had been flat since 22, and the job's
+    reading there levelled every prior point 28 % down although it matched the prior at 17).
+    Always finite and > 0; 1 with nothing to go on.
     """
     sd = PRIOR_LEVEL_SD if level_sd is None else level_sd
     if not (math.isfinite(sd) and sd > 0):
         raise SpecError(f"level_sd must be a finite number > 0, got {level_sd!r}")
     sig = max(noise_rel, MIN_NOISE)
-    # past the prior's n_max its curve is only its last value held flat, with the sigma of its
-    # last size: no information on the level there (a prior from a job of 16 nodes at most, a
-    # job reading at 44 was levelled 2.7x up), so such sizes are left out
+    # past the prior's largest measured size its curve is a guess: no information on the level
+    top = min(prior.n_max, max(prior.measured, default=prior.n_max))
     pts = [(int(n), float(r), float(c)) for n, r, c in zip(own.nodes, own.rates, own.weight)
-           if 1 <= int(n) <= prior.n_max and r > 0 and prior.rate(int(n)) > 0]
+           if 1 <= int(n) <= top and r > 0 and prior.rate(int(n)) > 0]
     shared = any(n in prior.measured for n, _, _ in pts)
     num, den = 0.0, 0.0 if shared else 1.0 / sd**2
     for n, r, c in pts:

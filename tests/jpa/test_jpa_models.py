@@ -188,6 +188,21 @@ def test_prior_level_is_not_set_by_a_size_the_prior_never_measured():
     assert prior_level(prior, half, noise_rel=0.03) == pytest.approx(0.5, rel=0.02)
 
 
+def test_prior_level_ignores_a_fitted_priors_extrapolation():
+    """A fitted prior measured near-linear up to 17 nodes extrapolates confidently (a few %) to
+    64; a job of the same model matching it at 17 and reading at 64, where its curve has been
+    flat since 22, was levelled 0.72x by that reading (zoo plateau 0:512 seed 1, Z0020), and
+    every prior point with it."""
+    sizes = [1, 2, 3, 4, 14, 16, 17]
+    prior = estimate(Samples.of(sizes, [1035.0 * n for n in sizes], [4.0] * len(sizes)),
+                     n_max=64, noise_rel=0.03)
+    assert prior.rel_sigma(64) < 0.1  # confident where it never measured
+    own = Samples.of([17, 64], [17207.0, 23670.0], [1.0, 1.0])
+    assert prior_level(prior, own, noise_rel=0.03) == pytest.approx(17207.0 / prior.rate(17), rel=0.01)
+    pts = scaled_prior(prior, own, weight=0.5, noise_rel=0.03)
+    assert pts.rates == pytest.approx(1035.0 * 0.978 * pts.nodes, rel=0.03)
+
+
 def test_prior_level_ignores_sizes_past_the_priors_largest():
     """A prior from a job of 16 nodes at most is flat past 16, with the sigma of its 16: a job of
     the same model reading at 44 was levelled 2.7x up by it (every prior point with it)."""

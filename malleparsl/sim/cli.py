@@ -143,7 +143,7 @@ def simulate(
 
     console = Console(stderr=json_out)
     if not console.is_terminal:
-        console = Console(stderr=json_out, width=170)
+        console = Console(stderr=json_out, width=180)  # the whole comparison table, uncut
     names = [p.strip() for p in policy.split(",") if p.strip()]
     _check_inputs(
         hours=hours, start_h=start_h, limit_jobs=limit_jobs, max_active=max_active, tfwd=tfwd,

@@ -264,7 +264,8 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         summary["packing"] = pk
         summary["arrays"] = pk["arrays"]
         summary["array_speedup_measured"] = max((m["speedup"] for m in pk["measured"]), default=None)
-    write_plots(out, samples=rec.samples, table=table, events=runner.events)
+    write_plots(out, samples=rec.samples, table=table, events=runner.events,
+                arrays=runner.arrays if packed else ())
     summary["wall_s"] = round(time.time() - t_start, 1)  # everything but this last write
     write_summary(out, table=table, summary=summary, title=title)
     return summary

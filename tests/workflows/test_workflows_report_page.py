@@ -76,7 +76,7 @@ def test_report_opens_with_the_achievement_and_has_no_json_or_absolute_paths(tmp
     out = _report(tmp_path)
     page = (out / "report.html").read_text()
     text = re.sub(r"<[^>]+>", " ", re.sub(r"<style>.*?</style>", "", page, flags=re.S))
-    order = [page.index(x) for x in ("This malleable HPO run trained 2 trials", "class='headline'",
+    order = [page.index(x) for x in ("This HPO run (malleable) trained 2 trials", "class='headline'",
                                      "<h2>Plots", "<h2>Trials", "<h2>Settings", "<h2>Trace slice")]
     assert order == sorted(order)
     assert "reached 97.2 % test accuracy with lr = 0.05, width = 64" in text
@@ -172,3 +172,12 @@ def test_throughput_plot_says_when_no_progress_was_recorded(tmp_path, monkeypatc
                for t in range(4)]
     assert plot_throughput(samples, tmp_path / "t.png").exists()
     assert lines == [] and any("no training progress recorded" in t for t in texts)
+
+
+def test_the_opening_sentence_reads_with_a_packed_mode():
+    from malleparsl.workflows.report_page import plain_words
+
+    text, _ = plain_words({"workflow": "hpo", "mode": "malleable, trials packed into fused arrays",
+                           "trials": 8, "runs": 10, "wall_s": 25.0})
+    assert text.startswith("This HPO run (malleable, trials packed into fused arrays) trained 8 "
+                           "trials (10 runs)")

@@ -256,3 +256,8 @@ def test_every_option_of_every_command_has_a_help_text() -> None:
     # malleparsl/jpa/bench.py is being changed by another branch this session: its --seed is
     # reported there rather than edited here; drop it from this set once it has a help text
     assert set(missing) <= {"bench jpa --seed"}, missing
+
+
+def test_a_bad_node_slice_shows_every_accepted_form() -> None:
+    # "512" (the first 512 nodes) is accepted, so the error and --help say so
+    _user_error(["simulate", "--nodes", "-5"], "node slice '-5'", "or 512 for the first 512")

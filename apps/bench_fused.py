@@ -209,7 +209,7 @@ def bench_fused(
     trials: str = typer.Option("1,4,16,64", help="Comma-separated array sizes B."),
     steps: int = typer.Option(30, help="Training steps per measurement."),
     repeats: int = typer.Option(3, help="Interleaved fused/serial pairs per case."),
-    global_batch: int = typer.Option(64),
+    global_batch: int = typer.Option(64, help="Samples per optimizer step of every trial."),
     procs: int = typer.Option(0, help="Worker processes for the 'procs' baseline (0: cores)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per model and B."),
 ) -> None:

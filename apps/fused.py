@@ -164,11 +164,17 @@ def train_array(
     if len(set(ids)) != len(ids):
         raise SpecError(f"trial ids in one array must be unique, got {ids}")
     Xtr, ytr, Xte, yte = data()
+    # the executor rehearses an entry on a fresh node with a scratch checkpoint folder while the
+    # real array runs: a rehearsal neither reads the trials' own folders (the running array
+    # rewrites them, so they may hold trials at different steps: a SpecError below, and a
+    # node warmed for nothing) nor writes into them (it would export them mid-rung)
+    rehearsal = bool(ctx.options.get("rehearsal"))
     models, templates, starts, opt_states, hists = [], {}, [], [], []
     for t in trials:
         torch.manual_seed(int(t.get("seed", 0)))
         m = build(t["config"])
-        step0, opt_sd, hist = _load_trial(m, t.get("dir"), t.get("start_step"))
+        step0, opt_sd, hist = _load_trial(m, None if rehearsal else t.get("dir"),
+                                          t.get("start_step"))
         models.append(m)
         templates[str(t["trial_id"])] = build(t["config"])
         starts.append(step0), opt_states.append(opt_sd), hists.append(hist)
@@ -182,9 +188,6 @@ def train_array(
     state = ArrayState(ids, fm, opt, templates)
     state.history = dict(zip(ids, hists))
     seeds = {tid: int(t.get("seed", 0)) for tid, t in zip(ids, trials)}
-    # the executor rehearses an entry on a fresh node with a scratch checkpoint folder: a
-    # rehearsal must not write into the trials' own folders (it would export them mid-rung)
-    rehearsal = bool(ctx.options.get("rehearsal"))
     dirs = {tid: (None if rehearsal else t.get("dir")) for tid, t in zip(ids, trials)}
     ctx.register(array=state)
     if not ctx.restore():

@@ -53,8 +53,19 @@ class TraceFormatError(MalleparslError, ValueError):
     """A trace or job-log line cannot be parsed; names the file and line."""
 
 
+def _plural(kind: str) -> str:
+    return kind[:-1] + "ies" if kind.endswith("y") and kind[-2:-1] not in "aeiou" else kind + "s"
+
+
 def unknown_name(kind: str, name: str, valid: object) -> UnknownNameError:
-    """Build the error for an unregistered name, listing the valid ones."""
-    names = ", ".join(sorted(str(v) for v in valid))  # type: ignore[attr-defined]
-    return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {names}")
+    """Build the error for an unregistered name: the closest valid one (a typo is the usual
+    cause), then all of them."""
+    import difflib
+
+    options = sorted(str(v) for v in valid)  # type: ignore[attr-defined]
+    close = difflib.get_close_matches(str(name), options, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return UnknownNameError(
+        f"unknown {kind} {name!r}{hint}; valid {_plural(kind)} are: {', '.join(options)}"
+    )
 

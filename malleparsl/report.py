@@ -64,8 +64,13 @@ def rich_table(rows: Sequence[dict[str, Any]], title: str = ""):  # noqa: ANN201
     from rich.table import Table
 
     t = Table(title=title or None)
+    # the policy names its row: never cut it ("upper-bou…" twice left two rows unnamed)
+    name_width = max((len(_cell(r, "policy", "{}")) for r in rows), default=0)
     for i, (_, h, _) in enumerate(TABLE_COLUMNS):
-        t.add_column(h, justify="left" if i == 0 else "right")
+        if i == 0:
+            t.add_column(h, justify="left", no_wrap=True, min_width=max(len(h), name_width))
+        else:
+            t.add_column(h, justify="right")
     for r in rows:
         t.add_row(*(_cell(r, k, f) for k, _, f in TABLE_COLUMNS))
     return t

@@ -127,7 +127,8 @@ def parse_node_slice(text: str) -> slice:
     """``"0:128"`` -> ``slice(0, 128)``; ``"512"`` -> the first 512 nodes."""
     m = re.fullmatch(r"\s*(\d*)\s*(?::\s*(\d*)\s*)?", str(text))
     if not m:
-        raise SpecError(f"node slice {text!r} is not START:END; write e.g. 0:128 or 128:256")
+        raise SpecError(f"node slice {text!r} is not START:END; write e.g. 0:128, 128:256, "
+                        "or 512 for the first 512")
     a, b = m.group(1), m.group(2)
     if m.group(0).count(":") == 0:
         return slice(0, int(a)) if a else slice(None)

@@ -26,7 +26,7 @@ from parsl.config import Config
 
 from malleparsl.errors import SpecError
 from malleparsl.scavenger.shell import Runner
-from malleparsl.site_configs.common import check_positive, pbs_facility
+from malleparsl.site_configs.common import check_positive, pbs_facility, site_config
 
 DEFAULT_WORKER_INIT = (
     "module load frameworks; source ~/malleparsl-env/bin/activate  # YOUR environment"
@@ -34,6 +34,7 @@ DEFAULT_WORKER_INIT = (
 TILES_PER_NODE = 12
 
 
+@site_config()
 def aurora_config(
     *,
     account: str,

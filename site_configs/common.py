@@ -7,8 +7,12 @@ GPUs, filesystems, launcher) and calls :func:`facility_config`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from parsl.config import Config
 
@@ -17,6 +21,8 @@ from malleparsl.executors.executor import MalleableExecutor
 from malleparsl.executors.options import ControlOptions
 from malleparsl.executors.parsl_compat import launch_command
 from malleparsl.model import NodeId
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
 
@@ -40,6 +46,56 @@ def check_account(account: Any) -> str:
     if not isinstance(account, str) or not account.strip():
         raise SpecError(f"account must name your allocation (project), got {account!r}")
     return account
+
+
+def _keywords(fn: Callable[..., Any]) -> list[str]:
+    return [
+        name for name, p in inspect.signature(fn).parameters.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+
+
+def executor_option_names() -> set[str]:
+    """The keywords :class:`MalleableExecutor` takes, its own and Parsl's HTEX's."""
+    from parsl.executors import HighThroughputExecutor
+
+    return set(_keywords(MalleableExecutor.__init__)) | set(_keywords(HighThroughputExecutor.__init__))
+
+
+def site_config(*, facility: bool = True) -> Callable[[F], F]:
+    """Refuse a keyword that neither the site config nor the executor takes, naming the config.
+
+    A site config passes unknown keywords on to the executor (``**executor_options``), so a
+    typo (``local_config(node=4)``) used to fail deep inside as
+    ``HighThroughputExecutor.__init__() got an unexpected keyword argument``.
+    """
+
+    def wrap(fn: F) -> F:
+        own = _keywords(fn)
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            accepted = set(own) | executor_option_names()
+            if facility:
+                accepted |= set(_keywords(facility_config))
+            unknown = sorted(k for k in kwargs if k not in accepted)
+            if unknown:
+                name = unknown[0]
+                close = (difflib.get_close_matches(name, own, n=1)
+                         or difflib.get_close_matches(name, sorted(accepted - set(own)), n=1))
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                if name in ("min_nodes", "max_nodes"):
+                    hint = f"; {name} is an option of @malleable_app(...) (a job's sizes)"
+                raise SpecError(
+                    f"{fn.__name__}() got an unknown parameter {name!r}{hint} (its own: "
+                    f"{', '.join(own)}; other keywords go to MalleableExecutor, see "
+                    f"help(MalleableExecutor))"
+                )
+            return fn(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
 
 
 def gpu_env(var: str, gpus: int) -> str:

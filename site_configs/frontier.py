@@ -24,7 +24,7 @@ from typing import Any
 from parsl.config import Config
 
 from malleparsl.scavenger.shell import Runner
-from malleparsl.site_configs.common import check_positive, slurm_facility
+from malleparsl.site_configs.common import check_positive, site_config, slurm_facility
 
 DEFAULT_WORKER_INIT = (
     "module load PrgEnv-gnu rocm; source ~/malleparsl-env/bin/activate  # YOUR environment"
@@ -32,6 +32,7 @@ DEFAULT_WORKER_INIT = (
 GCDS_PER_NODE = 8
 
 
+@site_config()
 def frontier_config(
     *,
     account: str,

@@ -17,8 +17,10 @@ from parsl.providers import LocalProvider
 
 from malleparsl.errors import SpecError
 from malleparsl.executors.executor import MalleableExecutor
+from malleparsl.site_configs.common import site_config
 
 
+@site_config(facility=False)
 def local_config(*, nodes: int = 4, run_dir: str | None = None, **executor_options: Any) -> Config:
     """A Parsl ``Config`` with one :class:`MalleableExecutor` over ``nodes`` emulated nodes.
 

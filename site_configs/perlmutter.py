@@ -23,13 +23,14 @@ from typing import Any
 from parsl.config import Config
 
 from malleparsl.scavenger.shell import Runner
-from malleparsl.site_configs.common import check_positive, slurm_facility
+from malleparsl.site_configs.common import check_positive, site_config, slurm_facility
 
 DEFAULT_WORKER_INIT = (
     "module load pytorch; source ~/malleparsl-env/bin/activate  # YOUR environment"
 )
 
 
+@site_config()
 def perlmutter_config(
     *,
     account: str,

@@ -24,7 +24,7 @@ from typing import Any
 from parsl.config import Config
 
 from malleparsl.scavenger.shell import Runner
-from malleparsl.site_configs.common import check_positive, pbs_facility
+from malleparsl.site_configs.common import check_positive, pbs_facility, site_config
 
 DEFAULT_WORKER_INIT = (
     "module use /soft/modulefiles; module load conda; conda activate base; "
@@ -32,6 +32,7 @@ DEFAULT_WORKER_INIT = (
 )
 
 
+@site_config()
 def polaris_config(
     *,
     account: str,

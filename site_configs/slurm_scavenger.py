@@ -25,9 +25,15 @@ from malleparsl.scavenger.shell import Runner
 from malleparsl.scavenger.slurm import SlurmScavenger
 from malleparsl.scavenger.slurm_provider import ScavengingSlurmProvider
 from malleparsl.scavenger.values import walltime as check_walltime
-from malleparsl.site_configs.common import facility_config, jobs_demand, nodes_in_use  # noqa: F401
+from malleparsl.site_configs.common import (  # noqa: F401
+    facility_config,
+    jobs_demand,
+    nodes_in_use,
+    site_config,
+)
 
 
+@site_config()
 def slurm_scavenger_config(
     *,
     partition: str | None = "scavenger",

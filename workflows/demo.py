@@ -264,14 +264,28 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         summary["packing"] = pk
         summary["arrays"] = pk["arrays"]
         summary["array_speedup_measured"] = max((m["speedup"] for m in pk["measured"]), default=None)
-    write_plots(out, samples=rec.samples, table=table, events=runner.events)
+    write_plots(out, samples=rec.samples, table=table, events=runner.events,
+                arrays=runner.arrays if packed else ())
     summary["wall_s"] = round(time.time() - t_start, 1)  # everything but this last write
     write_summary(out, table=table, summary=summary, title=title)
     return summary
 
 
+def _check_out(out: Path) -> None:
+    """The report folder must be writable: say so before nodes start, naming ``--out``."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise SpecError(f"--out {str(out)!r} is not a writable folder "
+                        f"({exc.strerror or exc}); choose another --out") from None
+
+
 def demo(
-    quick: bool = typer.Option(False, "--quick", help="A smaller sweep (about a minute)."),
+    quick: bool = typer.Option(False, "--quick", help="A smaller sweep: 3 nodes, 6 trials, two rungs."),
     nas: bool = typer.Option(False, "--nas", help="Architecture search instead of HPO."),
     out: Path = typer.Option("report", "--out", help="Report folder."),  # noqa: B008
     nodes: int = typer.Option(0, "--nodes", help="Summit nodes replayed as emulated nodes "
@@ -292,6 +306,7 @@ def demo(
     from rich.console import Console
 
     console = Console()
+    _check_out(out)
     s = DemoSettings(out=str(out), quick=quick, nas=nas, nodes=nodes, trials=trials or None,
                      max_nodes=max_nodes, speed=speed, policy=policy, jpa=jpa, plain=plain,
                      monitoring=monitoring, seed=seed, pack=pack)

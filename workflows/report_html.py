@@ -36,9 +36,24 @@ def _plt():  # noqa: ANN202
     return plt
 
 
-def trial_of_job(events: Sequence[TrialEvent]) -> dict[str, str]:
-    """``job id -> "stage/trial"`` (a trial runs one job per rung)."""
-    return {e.job_id: f"{e.stage}/{e.trial_id}" for e in events}
+def trial_of_job(events: Sequence[TrialEvent],
+                 arrays: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+    """``job id -> "stage/trial"`` (a trial runs one job per rung); a fused array's job (the
+    packed runner's ``arrays``: ``array_id``, ``stage``, ``trials``) is labelled
+    ``"stage/array a000 (6 trials)"``."""
+    out = {e.job_id: f"{e.stage}/{e.trial_id}" for e in events}
+    for a in arrays:
+        n = len(a.get("trials", ()))
+        short = str(a["array_id"]).rsplit("-", 1)[-1]
+        out[str(a["array_id"])] = f"{a['stage']}/array {short} ({n} trial{'s' if n != 1 else ''})"
+    return out
+
+
+def _labels(samples: Sequence[Sample], job_trial: Mapping[str, str]) -> list[str]:
+    """The labels of the jobs that ran: a plot's legend names only what it draws, and a job
+    without a label shows as its job id (it was drawn in tab20's first colour, which reads
+    as the first trial's)."""
+    return sorted({job_trial.get(j, j) for s in samples for j, ns in s.running.items() if ns})
 
 
 def _colours(keys: Sequence[str]) -> dict[str, Any]:
@@ -84,14 +99,14 @@ def plot_nodes_timeline(samples: Sequence[Sample], job_trial: Mapping[str, str],
     """One row per node: grey while ready and idle, the trial's colour while it runs a rank."""
     plt = _plt()
     nodes = sorted({n for s in samples for n in s.ready | s.usable | s.used})
-    trials = sorted(set(job_trial.values()))
+    trials = _labels(samples, job_trial)
     colour = _colours(trials)
     fig, ax = plt.subplots(figsize=(10, 0.35 * max(4, len(nodes)) + 1.5))
     for i, node in enumerate(nodes):
         for a, b in zip(samples, samples[1:]):
             owner = next((j for j, ns in a.running.items() if node in ns), None)
             if owner is not None:
-                c = colour.get(job_trial.get(owner, owner), "tab:blue")
+                c = colour[job_trial.get(owner, owner)]
                 ax.broken_barh([(a.t, b.t - a.t)], (i - 0.4, 0.8), color=c, lw=0)
             elif node in a.ready:
                 ax.broken_barh([(a.t, b.t - a.t)], (i - 0.4, 0.8), color="0.85", lw=0)
@@ -110,7 +125,7 @@ def plot_nodes_timeline(samples: Sequence[Sample], job_trial: Mapping[str, str],
 def plot_trial_sizes(samples: Sequence[Sample], job_trial: Mapping[str, str], path: Path) -> Path:
     """Nodes held by each trial over time, stacked (the top edge is all nodes in use)."""
     plt = _plt()
-    trials = sorted(set(job_trial.values()))
+    trials = _labels(samples, job_trial)
     t = np.array([s.t for s in samples])
     ys = []
     for tr in trials:
@@ -135,13 +150,22 @@ def plot_throughput(samples: Sequence[Sample], path: Path) -> Path:
     plt = _plt()
     t, rate, bound = throughput_series(samples, bin_s=2.0)
     fig, ax = plt.subplots(figsize=(10, 3.5))
-    if len(t):
+    if not any(s.rates or s.samples for s in samples):
+        # a flat line at 0 samples/s would say training stalled; it ran, but no job lived
+        # long enough to publish a progress record (rank 0 writes one every
+        # progress_interval_s, 1 s by default)
+        ax.text(0.5, 0.5, "no training progress recorded: every job ended before the recorder\n"
+                "saw a progress record (rank 0 writes one every progress_interval_s, 1 s)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([]), ax.set_yticks([])
+    elif len(t):
         ax.fill_between(t, bound, step="post", color="0.85", label="upper bound (linear scaling)")
         ax.step(t, rate, where="post", lw=1, label="measured")
     ax.set_xlabel("seconds")
     ax.set_ylabel("samples/s (2 s bins)")
     ax.set_title("Aggregate training throughput against the upper bound")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -178,11 +202,14 @@ def plot_accuracies(table: TrialsTable, path: Path, *, target: float | None = 0.
 
 
 def write_plots(out: str | Path, *, samples: Sequence[Sample], table: TrialsTable,
-                events: Sequence[TrialEvent]) -> dict[str, Path]:
-    """The four PNGs plus ``trials.csv`` and ``best.json``; a failing plot is logged, skipped."""
+                events: Sequence[TrialEvent], arrays: Sequence[Mapping[str, Any]] = ()
+                ) -> dict[str, Path]:
+    """The four PNGs plus ``trials.csv`` and ``best.json``; a failing plot is logged, skipped.
+
+    ``arrays``: the fused arrays of a packed run (their jobs are named in the plots)."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    jt = trial_of_job(events)
+    jt = trial_of_job(events, arrays)
     paths: dict[str, Path] = dict(table.save(folder))
     draw = {
         "nodes_timeline": lambda p: plot_nodes_timeline(samples, jt, p),

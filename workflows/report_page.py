@@ -120,7 +120,10 @@ def plain_words(s: Mapping[str, Any]) -> tuple[str, list[str]]:
     where = (f"on {len(nodes)} emulated nodes that replay Summit idle nodes"
              f"{' at ' + fmt(trace['speed']) + 'x speed' if trace.get('speed') else ''}"
              if nodes else "on the given nodes")
-    what = f"{s.get('mode', '')} {str(s.get('workflow', '')).upper()} run".strip()
+    # the mode is a phrase ("malleable, trials packed into fused arrays"): put it in brackets,
+    # not before the noun ("This malleable, trials packed into fused arrays HPO run")
+    mode = str(s.get("mode") or "")
+    what = f"{str(s.get('workflow', '')).upper()} run".strip() + (f" ({mode})" if mode else "")
     parts = [f"This {what} trained {fmt(s.get('trials'))} trials ({fmt(s.get('runs'))} runs) "
              f"{where} in {duration(s.get('wall_s'))}."]
     if s.get("best_accuracy") is not None:

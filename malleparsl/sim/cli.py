@@ -90,7 +90,8 @@ def simulate(
     jobs: str = typer.Option(
         "imagenet", help="Job set: imagenet, shufflenet-10, shufflenet-1000, a CSV, or poisson:N."
     ),
-    nodes: str = typer.Option("0:128", help="Node slice START:END of the trace's node list."),
+    nodes: str = typer.Option("0:128", help="Node slice START:END of the trace's node list "
+                              "(N alone: the first N)."),
     hours: float = typer.Option(24.0, help="Window length in hours (0 = to the trace's end)."),
     start_h: float | None = typer.Option(
         None, help="Window start, hours since the trace start (default: first job submission)."
@@ -143,7 +144,7 @@ def simulate(
 
     console = Console(stderr=json_out)
     if not console.is_terminal:
-        console = Console(stderr=json_out, width=170)
+        console = Console(stderr=json_out, width=180)  # the whole comparison table, uncut
     names = [p.strip() for p in policy.split(",") if p.strip()]
     _check_inputs(
         hours=hours, start_h=start_h, limit_jobs=limit_jobs, max_active=max_active, tfwd=tfwd,

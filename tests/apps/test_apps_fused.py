@@ -177,3 +177,28 @@ def test_a_rehearsal_does_not_write_into_the_trials_folders(tmp_path) -> None:
         ctx.close()
     assert out["steps"] == 3
     assert not any((tmp_path / t["trial_id"]).exists() for t in trials)
+
+
+def test_a_rehearsal_does_not_read_the_trials_folders(tmp_path) -> None:
+    """While the real array runs it rewrites its trials' folders, which may then hold trials at
+    different steps; a rehearsal reading them failed ("trials of one array must start at one
+    step", a warm-up failure warning in the demo) and left the node cold."""
+    from malleparsl.apps.context import TrainContext
+
+    trials = _trials(tmp_path, n=2)
+
+    def run(ts, stops, **opts):
+        ctx = TrainContext.local(ckpt_dir=str(tmp_path / f"ckpt-{len(ts)}-{stops[-1]}"), **opts)
+        try:
+            return train_array(ctx, trials=ts, build=build_mlp, data=digits_data,
+                               global_batch=GB, stops=stops)
+        finally:
+            ctx.close()
+
+    run(trials, [3])  # both trials exported at step 3
+    run(trials[1:], [6])  # t1 alone on to step 6
+    steps = [CheckpointStore(directory=t["dir"]).load_latest()[0] for t in trials]
+    assert steps == [3, 6]
+    out = run(trials, [2], rehearsal=True)  # before: SpecError, starts {t0: 3, t1: 6}
+    assert out["steps"] == 2  # the rehearsal trained from scratch, in its own folder
+    assert [CheckpointStore(directory=t["dir"]).load_latest()[0] for t in trials] == steps

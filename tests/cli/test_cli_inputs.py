@@ -221,3 +221,43 @@ def test_bench_slurm_rejects_bad_options(args, fragments) -> None:
 )
 def test_demo_rejects_bad_options_before_starting(args, fragments, tmp_path) -> None:
     _user_error(["demo", "--quick", "--out", str(tmp_path / "r"), *args], *fragments)
+
+
+def test_demo_unwritable_out_names_the_option(tmp_path) -> None:
+    # before: "error: [Errno 20] Not a directory: ..." (the option unnamed)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    _user_error(["demo", "--quick", "--out", str(blocker / "report")], "--out",
+                "not a writable folder")
+
+
+def test_demo_unknown_policy_suggests_the_close_one(tmp_path) -> None:
+    _user_error(["demo", "--quick", "--out", str(tmp_path / "r"), "--policy", "milpp"],
+                "unknown policy 'milpp' (did you mean 'milp'?)", "valid policies are")
+
+
+def test_every_option_of_every_command_has_a_help_text() -> None:
+    """A user reading `--help` sees what each option does (bench fused --global-batch and
+    bench jpa --seed had none)."""
+    import typer.core
+    import typer.main
+
+    def commands(cmd, path=()):
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from commands(sub, (*path, name))
+
+    missing = [
+        f"{' '.join(path)} {p.opts[0]}"
+        for path, cmd in commands(typer.main.get_command(app))
+        for p in cmd.params
+        if isinstance(p, typer.core.TyperOption) and not p.hidden and not (p.help or "").strip()
+    ]
+    # malleparsl/jpa/bench.py is being changed by another branch this session: its --seed is
+    # reported there rather than edited here; drop it from this set once it has a help text
+    assert set(missing) <= {"bench jpa --seed"}, missing
+
+
+def test_a_bad_node_slice_shows_every_accepted_form() -> None:
+    # "512" (the first 512 nodes) is accepted, so the error and --help say so
+    _user_error(["simulate", "--nodes", "-5"], "node slice '-5'", "or 512 for the first 512")

@@ -289,7 +289,7 @@ def test_build_policy_pairs_the_jpa_with_its_advisor_and_defaults_to_the_placeho
     assert isinstance(adv, JobProfilingAdvisor) and pol.advisor is adv
     pol, adv = build_policy("milp", {}, None)
     assert pol.name == "milp" and isinstance(adv, LinearPlaceholderAdvisor)
-    with pytest.raises(KeyError, match="valid policys are"):
+    with pytest.raises(KeyError, match="valid policies are"):
         build_policy("no-such-policy", {}, None)
 
 

@@ -75,3 +75,29 @@ def test_horizon_quantiles_of_the_remaining_time():
     assert h.remaining(np.array([0.0]))[0] == pytest.approx(1000, rel=0.03)
     with pytest.raises(SpecError, match="quantile"):
         FragmentHorizon(quantile=1.5)
+
+
+
+def _render(rows, width):
+    from rich.console import Console
+
+    from malleparsl.report import rich_table
+
+    console = Console(width=width, record=True, color_system=None)
+    console.print(rich_table(rows))
+    return console.export_text()
+
+
+def test_terminal_table_keeps_policy_names_whole():
+    # the figures of `malleparsl simulate --hours 24` (summit 0:128, imagenet), milp's row
+    row = {"samples": 1.307e9, "samples_per_s": 15124, "pct_of_upper_bound": 51.5,
+           "pct_of_capped_bound": 93.7, "utilisation": 1.0, "rescales": 427, "pause_s": 7420,
+           "preempt_pause_s": 973, "jobs_done": 7, "mean_jct_h": 8.79, "solver_median_ms": 2.0,
+           "solver_p95_ms": 3.0, "solver_max_ms": 26, "wall_s": 1.2}
+    rows = [{**row, "policy": p} for p in ("milp", "equal-share", "upper-bound", "upper-bound-capped")]
+    for width in (120, 180):
+        text = _render(rows, width)
+        for p in ("equal-share", "upper-bound-capped", "upper-bound "):
+            assert p in text, (width, text)  # before: both upper-bound rows read "upper-bou…"
+    # at the width `malleparsl simulate` prints with when piped, no cell is cut at all
+    assert "…" not in _render(rows, 180)

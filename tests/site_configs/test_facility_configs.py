@@ -13,8 +13,10 @@ from malleparsl.scavenger.shell import CommandResult
 from malleparsl.site_configs.aurora import aurora_config
 from malleparsl.site_configs.common import render_pilot_script
 from malleparsl.site_configs.frontier import frontier_config
+from malleparsl.site_configs.local import local_config
 from malleparsl.site_configs.perlmutter import perlmutter_config
 from malleparsl.site_configs.polaris import polaris_config
+from malleparsl.site_configs.slurm_scavenger import slurm_scavenger_config
 
 
 class FakeScheduler:
@@ -149,3 +151,24 @@ def test_frontier_batch_partition_without_consent_is_refused_before_any_pilot(tm
     with pytest.raises(SpecError, match="preempt"):
         render_pilot_script(cfg, node="frontier00042")
     assert not any(c.startswith("sbatch") for c in fake.commands)
+
+
+@pytest.mark.parametrize(
+    ("fn", "kw", "fragment"),
+    [
+        (local_config, {"node": 4}, r"local_config\(\) got an unknown parameter 'node'; did you mean 'nodes'\?"),
+        (polaris_config, {"account": "P", "nodes_max": 3}, r"polaris_config\(\) .* 'nodes_max'; did you mean 'node_cap'\?"),
+        (perlmutter_config, {"account": "m1", "max_nodes": 3}, r"perlmutter_config\(\) .* 'max_nodes'; max_nodes is an option of @malleable_app"),
+        (slurm_scavenger_config, {"partition": "p", "nodecap": 3}, r"slurm_scavenger_config\(\) .* did you mean 'node_cap'\?"),
+    ],
+)
+def test_a_mistyped_parameter_names_the_config_not_htex(fn, kw, fragment):
+    # before: TypeError from deep inside, "HighThroughputExecutor.__init__() got an unexpected
+    # keyword argument 'node'", which names neither the config nor what was meant
+    with pytest.raises(SpecError, match=fragment):
+        fn(**kw)
+
+
+def test_executor_keywords_still_pass_through(tmp_path):
+    cfg = local_config(nodes=0, policy="hold", run_dir=str(tmp_path))
+    assert cfg.executors[0].policy == "hold"

@@ -76,7 +76,7 @@ def test_report_opens_with_the_achievement_and_has_no_json_or_absolute_paths(tmp
     out = _report(tmp_path)
     page = (out / "report.html").read_text()
     text = re.sub(r"<[^>]+>", " ", re.sub(r"<style>.*?</style>", "", page, flags=re.S))
-    order = [page.index(x) for x in ("This malleable HPO run trained 2 trials", "class='headline'",
+    order = [page.index(x) for x in ("This HPO run (malleable) trained 2 trials", "class='headline'",
                                      "<h2>Plots", "<h2>Trials", "<h2>Settings", "<h2>Trace slice")]
     assert order == sorted(order)
     assert "reached 97.2 % test accuracy with lr = 0.05, width = 64" in text
@@ -133,3 +133,51 @@ def test_report_renders_in_headless_chromium_with_every_image_loaded(tmp_path):
     assert res.returncode == 0 and shot.stat().st_size > 10_000, res.stderr[-2000:]
     if os.environ.get("MALLEPARSL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["MALLEPARSL_KEEP_SCREENSHOT"])
+
+
+def test_plots_name_the_fused_arrays_that_ran_not_the_trials_that_did_not():
+    """In a packed run the jobs that hold nodes are arrays, whose ids no trial event carries:
+    they were drawn in tab20's first colour, the first trial's in the legend (the default demo
+    read "final/f000 ran the search"), and the sizes plot stacked nothing."""
+    from malleparsl.workflows.report_html import _labels, trial_of_job
+
+    nodes = frozenset({"n1", "n2"})
+    samples = [Sample(0.0, nodes, nodes, {"search-a000": ("n1", "n2")}, {}, {}),
+               Sample(1.0, nodes, nodes, {"final-a001": ("n1",), "x-9": ("n2",)}, {}, {})]
+    events = [TrialEvent(0.0, "submitted", "search", t, 0, f"search-{t}-r0")
+              for t in ("t000", "t001", "t002")]
+    events.append(TrialEvent(0.0, "submitted", "final", "f000", 0, "final-f000-r0"))
+    arrays = [{"array_id": "search-a000", "stage": "search", "trials": ["t000", "t001", "t002"]},
+              {"array_id": "final-a001", "stage": "final", "trials": ["f000"]}]
+    labels = _labels(samples, trial_of_job(events, arrays))
+    # what held nodes, named; a job nobody labelled keeps its own id
+    assert labels == ["final/array a001 (1 trial)", "search/array a000 (3 trials)", "x-9"]
+
+
+def test_throughput_plot_says_when_no_progress_was_recorded(tmp_path, monkeypatch):
+    """Jobs shorter than a progress interval leave no record; the plot drew a flat 0 samples/s
+    line, which reads as training that stalled."""
+    import matplotlib.axes
+
+    from malleparsl.workflows.report_html import plot_throughput
+
+    texts, lines = [], []
+    real_text, real_step = matplotlib.axes.Axes.text, matplotlib.axes.Axes.step
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda self, x, y, s, *a, **k: texts.append(s) or real_text(self, x, y, s, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "step",
+                        lambda self, *a, **k: lines.append(k.get("label")) or real_step(self, *a, **k))
+    nodes = frozenset({"n1"})
+    samples = [Sample(float(t), nodes, nodes, {"a": ("n1",)} if t == 1 else {}, {}, {})
+               for t in range(4)]
+    assert plot_throughput(samples, tmp_path / "t.png").exists()
+    assert lines == [] and any("no training progress recorded" in t for t in texts)
+
+
+def test_the_opening_sentence_reads_with_a_packed_mode():
+    from malleparsl.workflows.report_page import plain_words
+
+    text, _ = plain_words({"workflow": "hpo", "mode": "malleable, trials packed into fused arrays",
+                           "trials": 8, "runs": 10, "wall_s": 25.0})
+    assert text.startswith("This HPO run (malleable, trials packed into fused arrays) trained 8 "
+                           "trials (10 runs)")

@@ -306,7 +306,8 @@ def demo(
     from rich.console import Console
 
     console = Console()
-    _check_out(out)
+    require("torch", "sklearn", feature="the demo")  # before --out is made: a missing extra
+    _check_out(out)  # leaves nothing behind
     s = DemoSettings(out=str(out), quick=quick, nas=nas, nodes=nodes, trials=trials or None,
                      max_nodes=max_nodes, speed=speed, policy=policy, jpa=jpa, plain=plain,
                      monitoring=monitoring, seed=seed, pack=pack)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import pytest
+from fake_store import DictStore
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from malleparsl.allocator.base import ClusterSnapshot, JobView
@@ -30,20 +31,6 @@ from malleparsl.executors.manual_source import ManualNodeSource
 from malleparsl.executors.planning import LinearPlaceholderAdvisor, build_policy, spec_from_options
 from malleparsl.executors.protocol import GroupBrokenError, SegmentOutcome, stop_key
 from malleparsl.model import Allocation, JobSpec
-
-
-class DictStore:
-    def __init__(self):
-        self.data = {}
-
-    def set(self, key, value):
-        self.data[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key):
-        return self.data[key]
-
-    def check(self, keys):
-        return all(k in self.data for k in keys)
 
 
 class Recorder:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from concurrent.futures import Future
 
+from fake_store import DictStore
+
 from malleparsl.executors.driver import JobState, MalleableJob, ProgressReading
 from malleparsl.executors.protocol import progress_key
 from malleparsl.model import JobSpec
@@ -17,18 +19,6 @@ OPTS = {"job_id": "p", "memory_profile": PROFILE.as_dict(), "global_batch": 48,
         "node_memory_bytes": 64 * MIB}
 
 
-class DictStore:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key, value):  # noqa: ANN001, ANN201
-        self.data[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key):  # noqa: ANN001, ANN201
-        return self.data[key]
-
-    def check(self, keys):  # noqa: ANN001, ANN201
-        return all(k in self.data for k in keys)
 
 
 class Submits:

@@ -17,6 +17,7 @@ import pickle
 from concurrent.futures import Future
 
 import pytest
+from fake_store import DictStore
 
 from malleparsl.allocator import make_policy
 from malleparsl.controller import Controller
@@ -30,18 +31,6 @@ from malleparsl.plans import UnevenSplitError
 UNEVEN = "plan 'fsdp' needs the global batch to split evenly: global_batch=64 over 3 ranks"
 
 
-class DictStore:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key, value):  # noqa: ANN001, ANN201
-        self.data[key] = value.encode() if isinstance(value, str) else value
-
-    def get(self, key):  # noqa: ANN001, ANN201
-        return self.data[key]
-
-    def check(self, keys):  # noqa: ANN001, ANN201
-        return all(k in self.data for k in keys)
 
 
 class Ranks:

@@ -50,7 +50,7 @@ def validate_options(options: dict[str, Any], *, name: str = "app",
     out = dict(options)
     job_id = out.get("job_id")
     if job_id is not None:
-        check_safe_name(job_id, what="job_id")  # it becomes <ckpt_root>/<job_id>
+        check_safe_name(str(job_id), what="job_id")  # it becomes <ckpt_root>/<job_id>
     job = str(job_id or name)
     check_job_options(out, job=job, extra=extra)
     curve = out.get("curve")
@@ -139,10 +139,13 @@ class MalleableApp(PythonApp):
         loaded = getattr(dfk, "executors", None)
         if not isinstance(loaded, Mapping):
             return  # a stand-in for the DataFlowKernel (tests)
-        # what DataFlowKernel.submit picks from at random
-        labels = ([k for k in loaded if k != "_parsl_internal"] if self.executors == "all"
-                  else list(self.executors))
-        ok = [k for k in loaded if k != "_parsl_internal" and _takes_malleable(loaded[k])]
+        # the config's executors: what DataFlowKernel.submit picks from at random for "all"
+        # (the DFK adds an internal one of its own, not a candidate)
+        config = getattr(getattr(dfk, "config", None), "executors", None)
+        own = [e.label for e in config] if config is not None else list(loaded)
+        want_all = isinstance(self.executors, str) and self.executors.lower() == "all"
+        labels = own if want_all else list(self.executors)
+        ok = [k for k in own if k in loaded and _takes_malleable(loaded[k])]
         bad = [k for k in labels if k in loaded and not _takes_malleable(loaded[k])]
         if not bad:
             return

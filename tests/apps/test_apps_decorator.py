@@ -162,6 +162,7 @@ def test_good_values_of_every_checked_option_pass() -> None:
         plans=("dp", "zero1"), node_memory_bytes=2**30, memory_profile=PROFILE, job_id="trial-3", step_delay_s=0.1,
     )(train_mlp)
     assert app.malleable["global_batch"] == 64
+    assert malleable_app(job_id=7)(train_mlp).malleable["job_id"] == 7  # str(job_id) at submit
 
 
 def test_every_option_a_consumer_reads_is_in_the_shared_list() -> None:
@@ -216,14 +217,16 @@ def test_a_dfk_without_a_malleable_executor_is_refused_at_the_call(tmp_path) -> 
 
 
 def test_executors_all_with_a_plain_executor_beside_is_refused_naming_the_malleable_one() -> None:
+    from parsl.config import Config
     from parsl.executors import ThreadPoolExecutor
 
     from malleparsl.executors import MalleableExecutor
 
     dfk = RecordingDFK()
-    dfk.executors = {"malleable": MalleableExecutor(nodes=0),
-                     "threads": ThreadPoolExecutor(label="threads"),
-                     "_parsl_internal": ThreadPoolExecutor(label="_parsl_internal")}
+    dfk.config = Config(executors=[MalleableExecutor(nodes=0),
+                                   ThreadPoolExecutor(label="threads")])
+    dfk.executors = {e.label: e for e in dfk.config.executors}
+    dfk.executors["_parsl_internal"] = ThreadPoolExecutor(label="_parsl_internal")
     app = malleable_app(max_nodes=2)(train_mlp)
     app.data_flow_kernel = dfk
     with pytest.raises(SpecError, match=r"executor 'threads'.*executors=\['malleable'\]"):

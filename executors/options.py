@@ -14,7 +14,9 @@ from outside: to run with other settings, build another executor. A misspelt fie
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import numbers
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
@@ -133,3 +135,121 @@ def _positive(name: str, v: Any) -> None:
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(ControlOptions))
+
+
+# -- a job's malleable options -----------------------------------------------------------------
+
+
+def _number(name: str, v: Any, *, lo: float, strict: bool = False, integer: bool = False,
+            none: bool = False, unit: str = "") -> None:
+    if v is None and none:
+        return
+    kind = "an integer" if integer else "a number"
+    ok = not isinstance(v, bool) and isinstance(v, numbers.Integral if integer else numbers.Real)
+    if ok and not integer:
+        ok = not math.isnan(v)
+    if not ok or (v <= lo if strict else v < lo):
+        rule = f"{kind} {'>' if strict else '>='} {lo:g}{unit}"
+        raise SpecError(f"{name} must be {rule}{' or None' if none else ''}, got {v!r}")
+
+
+def _flag(name: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise SpecError(f"{name} must be True or False, got {v!r}")
+
+
+def _device(name: str, v: Any) -> None:
+    if v not in ("auto", "cpu", "cuda"):
+        raise SpecError(f"{name} must be 'auto', 'cpu' or 'cuda', got {v!r}")
+
+
+def _path(name: str, v: Any) -> None:
+    if not isinstance(v, (str, os.PathLike)) or not str(v):
+        raise SpecError(f"{name} must be a directory path, got {v!r}")
+
+
+def _plans(name: str, v: Any) -> None:
+    from malleparsl.plans import FAMILIES
+
+    bad = [p for p in v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else [
+        p for p in v if p not in FAMILIES]
+    if bad or not v:
+        raise SpecError(f"{name} must be a non-empty list of plan families from "
+                        f"{list(FAMILIES)}, got {v!r}; e.g. plans=['dp', 'zero1']")
+
+
+def _seconds(lo: float = 0.0, strict: bool = False) -> Callable[[str, Any], None]:
+    return lambda name, v: _number(name, v, lo=lo, strict=strict, unit=" (seconds)")
+
+
+def _count(lo: int, none: bool = False) -> Callable[[str, Any], None]:
+    return lambda name, v: _number(name, v, lo=lo, integer=True, none=none)
+
+
+#: Every option a malleable job reads (``@malleable_app(...)``, ``malleable_options={...}``,
+#: ``resource_specification={"malleable": {...}}``), the one list its consumers share: name ->
+#: (who reads it, a check of its value or None where another module checks it, see
+#: :func:`malleparsl.apps.decorator.validate_options`). ``rehearsal`` is set by the warm-up.
+JOB_OPTIONS: Mapping[str, tuple[str, Callable[[str, Any], None] | None]] = MappingProxyType({
+    # sizes and planning (executors.planning, model.JobSpec)
+    "job_id": ("executors.planning, executors.control", None),
+    "min_nodes": ("model.JobSpec", None),
+    "max_nodes": ("model.JobSpec", None),
+    "total_samples": ("model.JobSpec, apps.context", None),
+    "curve": ("executors.planning", None),
+    "rescale_up_s": ("model.JobSpec", None),
+    "rescale_down_s": ("model.JobSpec", None),
+    # the control loop and driver
+    "ckpt_dir": ("executors.control", _path),
+    "max_restarts": ("executors.control", _count(0)),
+    # execution plans (malleparsl.plans)
+    "plan": ("plans.fixed_plan_option, executors.driver, apps.context", None),
+    "plans": ("plans.plan_options", _plans),
+    "global_batch": ("plans.global_batch_option, apps.context", None),
+    "memory_profile": ("plans.plan_options", None),
+    "node_memory_bytes": ("plans.node_budget", None),
+    "rank_memory_bytes": ("plans.node_budget", None),
+    # the training context, on every rank (apps.context)
+    "seed": ("apps.context", _count(0)),
+    "device": ("apps.context", _device),
+    "local_rank": ("apps.context", _count(0)),
+    "micro_batch": ("apps.context", _count(1, none=True)),
+    "torch_threads": ("apps.context", _count(1, none=True)),
+    "deterministic": ("apps.context", _flag),
+    "resume": ("apps.context", _flag),
+    "ckpt_interval_s": ("apps.context", _seconds()),
+    "ckpt_every_steps": ("apps.context", _count(1, none=True)),
+    "ckpt_keep": ("apps.context", _count(1)),
+    "progress_interval_s": ("apps.context", _seconds()),
+    "stop_check_interval_s": ("apps.context", _seconds()),
+    "pg_timeout_s": ("apps.context", _seconds(strict=True)),
+    "pace_s_per_sample": ("apps.context", _seconds()),
+    "rehearsal": ("apps.fused (set by executors.warmup)", _flag),
+    # malleparsl's own example workflows
+    "step_delay_s": ("workflows.digits", _seconds()),
+})
+
+
+def check_job_options(options: Mapping[str, Any], *, job: str,
+                      extra: Iterable[str] = ()) -> None:
+    """Refuse a job's option whose name is none of :data:`JOB_OPTIONS` (nor ``extra``, the
+    options the training function reads itself) or whose value breaks its rule.
+
+    A misspelt name would otherwise be passed along and never read: the job runs without it.
+    Raises :class:`SpecError` naming the job, the option, the closest valid name and the rule.
+    """
+    from malleparsl.errors import unknown_name
+
+    valid = set(JOB_OPTIONS) | set(extra)
+    for name, value in options.items():
+        if name not in valid:
+            raise SpecError(
+                f"job {job!r}: {unknown_name('malleable option', name, valid)} (an option your "
+                "training function reads itself from ctx.options: list it in "
+                "@malleable_app(extra_options=[...]))")
+        check = JOB_OPTIONS.get(name, (None, None))[1]
+        if check is not None:
+            try:
+                check(name, value)
+            except SpecError as exc:
+                raise SpecError(f"job {job!r}: {exc}") from None

@@ -178,7 +178,8 @@ def bench_jpa(
     setups: str = typer.Option("milp,milp+jpa,milp+jpa-nopriors,milp-linear,equal-share",
                                help="Comma-separated simulator setups."),
     noise: float = typer.Option(0.03, help="Relative noise of measured rates."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(
+        0, help="Random seed of the measurement noise and of 'shapes:N' jobs' arrivals."),
     seeds: str = typer.Option("", help="Zoo only: seeds as '0-3' or '0,2' (default: --seed)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
 ) -> None:

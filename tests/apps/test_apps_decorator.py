@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 from parsl.app.errors import wrap_error
 
@@ -11,6 +12,9 @@ from malleparsl.apps import MalleableApp, RankEntry, malleable_app
 from malleparsl.apps.decorator import validate_options
 from malleparsl.apps.examples_digits import train_mlp
 from malleparsl.errors import SpecError
+from malleparsl.executors.options import JOB_OPTIONS
+
+PROFILE = {"params": 1e6, "act_per_sample": 1e4, "act_ckpt_per_sample": 1e3}
 
 
 class RecordingDFK:
@@ -69,3 +73,165 @@ def test_local_run_in_process() -> None:
     app = malleable_app(max_nodes=2, torch_threads=1)(train_mlp)
     out = app.local(total_steps=5)
     assert out["steps"] == 5 and len(out["history"]) == 5
+
+
+def test_a_misspelt_option_is_refused_at_decoration_with_the_closest_name() -> None:
+    """Old code: @malleable_app(global_bach=64) was accepted and the job ran without it."""
+    with pytest.raises(SpecError) as err:
+        malleable_app(max_nodes=2, global_bach=64)(train_mlp)
+    msg = str(err.value)
+    assert "job 'train_mlp'" in msg and "unknown malleable option 'global_bach'" in msg
+    assert "(did you mean 'global_batch'?)" in msg and "valid malleable options are:" in msg
+    assert "torch_threads" in msg and "extra_options" in msg
+
+
+def test_a_misspelt_per_call_option_is_refused_before_submission() -> None:
+    app = malleable_app(max_nodes=2)(train_mlp)
+    dfk = RecordingDFK()
+    app.data_flow_kernel = dfk
+    with pytest.raises(SpecError, match="unknown malleable option 'max_node'.*'max_nodes'"):
+        app(malleable_options={"max_node": 3})
+    assert dfk.calls == []
+
+
+def test_extra_options_let_the_training_function_read_its_own() -> None:
+    app = malleable_app(max_nodes=2, extra_options=["warmup_steps"], warmup_steps=3)(train_mlp)
+    assert app.malleable["warmup_steps"] == 3
+    dfk = RecordingDFK()
+    app.data_flow_kernel = dfk
+    app(malleable_options={"warmup_steps": 5})
+    assert dfk.calls[0][2]["app_kwargs"]["parsl_resource_specification"]["malleable"][
+        "warmup_steps"] == 5
+
+
+def test_errors_name_the_job_after_the_function() -> None:
+    """Old code named every job 'app' (job_id's fallback)."""
+    with pytest.raises(SpecError, match="job 'train_mlp': max_nodes must be"):
+        malleable_app(max_nodes=0)(train_mlp)
+    with pytest.raises(SpecError, match="job 'trial-3': max_nodes must be"):
+        malleable_app(max_nodes=0, job_id="trial-3")(train_mlp)
+
+
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        ({"global_batch": 0}, "global_batch must be an integer >= 1"),
+        ({"global_batch": 2.5}, "global_batch must be an integer >= 1"),
+        ({"torch_threads": -1}, "torch_threads must be an integer >= 1"),
+        ({"torch_threads": 0}, "torch_threads must be an integer >= 1"),
+        ({"ckpt_interval_s": "x"}, "ckpt_interval_s must be a number >= 0"),
+        ({"ckpt_interval_s": float("nan")}, "ckpt_interval_s must be a number >= 0"),
+        ({"ckpt_every_steps": 0}, "ckpt_every_steps must be an integer >= 1"),
+        ({"ckpt_keep": 0}, "ckpt_keep must be an integer >= 1"),
+        ({"progress_interval_s": -1}, "progress_interval_s must be a number >= 0"),
+        ({"pg_timeout_s": 0}, "pg_timeout_s must be a number > 0"),
+        ({"pace_s_per_sample": "slow"}, "pace_s_per_sample must be a number"),
+        ({"seed": 1.5}, "seed must be an integer >= 0"),
+        ({"seed": True}, "seed must be an integer >= 0"),
+        ({"micro_batch": 0}, "micro_batch must be an integer >= 1"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0"),
+        ({"deterministic": "no"}, "deterministic must be True or False"),
+        ({"resume": 1}, "resume must be True or False"),
+        ({"device": "gpu"}, "device must be 'auto', 'cpu' or 'cuda'"),
+        ({"ckpt_dir": 3}, "ckpt_dir must be a directory path"),
+        ({"plans": ["dp", "zer01"]}, "plans must be a non-empty list of plan families"),
+        ({"plans": "dp"}, "plans must be a non-empty list"),
+        ({"plan": "fsdpp"}, "plan='fsdpp' is not an execution plan"),
+        ({"node_memory_bytes": -5}, "node_memory_bytes must be a number of bytes > 0"),
+        ({"rank_memory_bytes": "40G"}, "rank_memory_bytes must be a number of bytes > 0"),
+        ({"memory_profile": PROFILE}, "memory_profile needs global_batch"),
+        ({"memory_profile": {"params": 1.0}, "global_batch": 8}, "missing 2 required"),
+        ({"memory_profile": "big", "global_batch": 8}, "memory_profile must be a MemoryProfile"),
+        ({"job_id": "../x"}, "job_id '../x' is not a safe name"),
+        ({"rescale_up_s": "x"}, "rescale_up_s"),
+    ],
+)
+def test_bad_values_are_refused_at_decoration_naming_the_option(opts, match) -> None:
+    """Old code: these passed decoration and failed at .result() (global_batch=0), on the
+    ranks after a warm-up (torch_threads=-1: torch's RuntimeError) or never (the rest)."""
+    with pytest.raises(SpecError, match=match):
+        malleable_app(max_nodes=2, **opts)(train_mlp)
+
+
+def test_good_values_of_every_checked_option_pass() -> None:
+    app = malleable_app(
+        max_nodes=2, global_batch=np.int64(64), torch_threads=1, ckpt_interval_s=1e9,
+        ckpt_every_steps=None, ckpt_keep=2, progress_interval_s=0, pg_timeout_s=60,
+        pace_s_per_sample=1e-3, seed=np.int32(4), micro_batch=8, max_restarts=0,
+        deterministic=False, resume=True, device="cpu", ckpt_dir="/tmp/x",
+        plans=("dp", "zero1"), node_memory_bytes=2**30, memory_profile=PROFILE, job_id="trial-3", step_delay_s=0.1,
+    )(train_mlp)
+    assert app.malleable["global_batch"] == 64
+    assert malleable_app(job_id=7)(train_mlp).malleable["job_id"] == 7  # str(job_id) at submit
+
+
+def test_every_option_a_consumer_reads_is_in_the_shared_list() -> None:
+    """The modules that read a job's options read only names of JOB_OPTIONS (a new option
+    must be listed there, or @malleable_app would refuse it)."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    mods = ["apps.context", "apps.fused", "apps.plans", "executors.planning",
+            "executors.control", "executors.driver", "plans", "workflows.digits"]
+    text = {m: Path(importlib.import_module(f"malleparsl.{m}").__file__).read_text() for m in mods}
+    read = set()
+    for t in text.values():
+        read |= set(re.findall(r'\b(?:options|opts)(?:\.get\(|\[)"(\w+)"', t))
+    read |= set(re.findall(r'"(\w+)"', re.search(r"_SPEC_KEYS = \(([^)]*)\)",
+                                                   text["executors.planning"]).group(1)))
+    assert {"ckpt_keep", "plans", "global_batch", "memory_profile", "job_id"} <= read
+    assert read <= set(JOB_OPTIONS), read - set(JOB_OPTIONS)
+
+
+def test_the_docs_list_every_option() -> None:
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "apps.md"
+    if not docs.exists():
+        pytest.skip("docs are not installed with the package")
+    text = docs.read_text()
+    missing = [k for k in JOB_OPTIONS if k != "rehearsal" and f"`{k}`" not in text]
+    assert not missing, missing
+
+
+def test_a_dfk_without_a_malleable_executor_is_refused_at_the_call(tmp_path) -> None:
+    """Old code: Parsl failed the future with `Invalid Resource Specification Supplied:
+    {'malleable'}`, which does not say what to do."""
+    import parsl
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    app = malleable_app(max_nodes=2)(train_mlp)
+    parsl.load(Config(executors=[ThreadPoolExecutor(label="threads")],
+                      run_dir=str(tmp_path / "runinfo")))
+    try:
+        with pytest.raises(SpecError) as err:
+            app()
+    finally:
+        parsl.dfk().cleanup()
+        parsl.clear()
+    msg = str(err.value)
+    assert "'train_mlp' needs a MalleableExecutor" in msg and "'threads' (ThreadPoolExecutor)" in msg
+    assert "local_config" in msg
+
+
+def test_executors_all_with_a_plain_executor_beside_is_refused_naming_the_malleable_one() -> None:
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    from malleparsl.executors import MalleableExecutor
+
+    dfk = RecordingDFK()
+    dfk.config = Config(executors=[MalleableExecutor(nodes=0),
+                                   ThreadPoolExecutor(label="threads")])
+    dfk.executors = {e.label: e for e in dfk.config.executors}
+    dfk.executors["_parsl_internal"] = ThreadPoolExecutor(label="_parsl_internal")
+    app = malleable_app(max_nodes=2)(train_mlp)
+    app.data_flow_kernel = dfk
+    with pytest.raises(SpecError, match=r"executor 'threads'.*executors=\['malleable'\]"):
+        app()
+    assert dfk.calls == []
+    picked = malleable_app(max_nodes=2, executors=["malleable"])(train_mlp)
+    picked.data_flow_kernel = dfk
+    assert picked() == "future"

@@ -24,6 +24,7 @@ HEADLINE = (
     ("Best configuration", "best_config"),
     ("Trials", "trials"),
     ("Rescales", "rescales"),
+    ("Jobs resized while training", "jobs_resized"),
     ("Node-seconds offered by idle nodes", "node_seconds_idle"),
     ("Node-seconds used for training", "node_seconds_used"),
     ("Utilisation", "utilisation"),
@@ -34,7 +35,7 @@ HEADLINE = (
 SHOWN = {k for _, k in HEADLINE} | {
     "workflow", "mode", "runs", "failed_runs", "lost_runs", "best_trial", "best_checkpoint",
     "rescales_by_kind", "workflow_wall_s", "stages_failed", "settings", "trace_slice",
-    "monitoring_db",
+    "monitoring_db", "job_sizes",
 }
 PLOTS = {  # file stem -> caption (report_html draws them)
     "nodes_timeline": "Nodes over time, coloured by trial",
@@ -123,6 +124,9 @@ def headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
            if s.get("failed_runs") or s.get("lost_runs") else ""),
         "rescales": lambda v: fmt(v) + (f" ({fmt(s['rescales_by_kind'])})"
                                         if s.get("rescales_by_kind") else ""),
+        "jobs_resized": lambda v: fmt(v) + (
+            " (" + "; ".join(f"{j}: {sz} nodes" for j, sz in s["job_sizes"].items()) + ")"
+            if s.get("job_sizes") else ""),
         "node_seconds_idle": lambda v: f"{fmt(v)} node-s",
         "node_seconds_used": lambda v: f"{fmt(v)} node-s",
         "utilisation": lambda v: _pct(v) + " of the offered node-seconds",

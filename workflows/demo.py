@@ -127,7 +127,13 @@ def _policy(s: DemoSettings) -> tuple[Any, Any]:
         return s.policy, None
     from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
 
-    jpa = JobProfilingAdvisor()
+    # The replay runs trace time ``speed`` times faster, and the demo's trials are that much
+    # shorter than real ones: the JPA's wall-time thresholds (built for hour-long jobs) scale
+    # with them. Unscaled, every demo job is "nearly done" (under 300 s left), so the JPA never
+    # measures a second size and each job stays at the size it was probed at while nodes idle.
+    d = JobProfilingAdvisor.__init__.__kwdefaults__
+    jpa = JobProfilingAdvisor(explore_min_s=d["explore_min_s"] / s.speed,
+                              probe_timeout_s=d["probe_timeout_s"] / s.speed)
     return ProbeFirst(advisor=jpa, inner=s.policy), jpa
 
 

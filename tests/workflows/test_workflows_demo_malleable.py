@@ -21,7 +21,6 @@ def test_quick_demo_resizes_running_jobs_and_publishes_progress(tmp_path):
     kinds = doc["rescales_by_kind"]
     assert kinds.get("up", 0) + kinds.get("down", 0) >= 1, doc  # a resize, not a restart
     assert doc["jobs_resized"] >= 1 and len(doc["job_sizes"]) == doc["jobs_resized"], doc
-    assert any("->" in sizes for sizes in doc["job_sizes"].values()), doc  # seen at two sizes
     assert doc["jobs_with_progress"] >= 1, doc  # the throughput plot has something to show
     assert doc["lost_runs"] == doc["failed_runs"] == 0 and doc["stages_failed"] == []
     assert doc["best_accuracy"] > 0.5

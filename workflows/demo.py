@@ -4,6 +4,9 @@ Emulated nodes join and leave as a time-compressed slice of the Summit idle-node
 a hyperparameter sweep (ASHA) — or, with ``--nas``, an architecture search (regularised
 evolution) — trains real models on scikit-learn's digits as malleable jobs through the
 MalleableExecutor, which the allocator and the Job Profiling Advisor resize at every event.
+Digits trains in a fraction of a second, so each training step also pays ``step_delay_s`` of
+an emulated bigger model (a sleep per local sample: a job on n nodes pays 1/n of it); trials
+then last seconds, long enough to publish progress and be grown or shrunk from a checkpoint.
 A second stage retrains the best configurations of the first. Live progress shows the nodes
 and the trials; the report folder gets ``report.html`` with plots, ``summary.json``,
 ``trials.csv`` and ``best.json``.
@@ -29,6 +32,9 @@ from malleparsl.extras import require
 
 log = logging.getLogger(__name__)
 
+STEP_DELAY_S = 0.05  # the demo's emulated model: trials train for seconds, not a fraction of one
+PILOT_START_S = 12.0  # wall seconds an emulated node takes to start (torch warmed), measured
+
 
 @dataclass(frozen=True)
 class DemoSettings:
@@ -48,7 +54,9 @@ class DemoSettings:
     seed: int = 0
     timeout_s: float = 600.0
     final_top_k: int = 2
-    step_delay_s: float = 0.0  # seconds added to every training step (emulates a bigger model)
+    # seconds one node spends on a training step on top of the real work (n nodes: 1/n of it),
+    # an emulated bigger model: digits trains in well under a second, too fast to resize
+    step_delay_s: float = STEP_DELAY_S
     pack: bool = True  # fuse compatible trials into arrays (HFTA); False: one job per trial
     array_size: int = 0  # trials per array; 0: chosen from measured throughput ("auto")
 
@@ -59,6 +67,8 @@ class DemoSettings:
             raise SpecError(f"nodes ({self.nodes}) and max_nodes ({self.max_nodes}) must be >= 1")
         if self.trials is not None and self.trials < 2:
             raise SpecError(f"trials must be >= 2 for a search with a second stage, got {self.trials}")
+        if not 0 <= self.step_delay_s < float("inf"):
+            raise SpecError(f"step delay must be >= 0 seconds, got {self.step_delay_s}")
         if not 0 < self.speed < float("inf"):
             raise SpecError(f"speed must be > 0 trace seconds per wall second, got {self.speed}")
         from malleparsl.allocator.base import policy_names  # checked before the trace loads
@@ -76,7 +86,7 @@ class DemoSettings:
     @property
     def expected_wall_s(self) -> float:
         """Rough length of the run: the trace window replayed spans this much wall time."""
-        return 60.0 if self.quick else 200.0
+        return 75.0 if self.quick else 200.0
 
 
 def build_workflow(s: DemoSettings) -> tuple[Any, Any, float]:
@@ -117,7 +127,13 @@ def _policy(s: DemoSettings) -> tuple[Any, Any]:
         return s.policy, None
     from malleparsl.jpa import JobProfilingAdvisor, ProbeFirst
 
-    jpa = JobProfilingAdvisor()
+    # The replay runs trace time ``speed`` times faster, and the demo's trials are that much
+    # shorter than real ones: the JPA's wall-time thresholds (built for hour-long jobs) scale
+    # with them. Unscaled, every demo job is "nearly done" (under 300 s left), so the JPA never
+    # measures a second size and each job stays at the size it was probed at while nodes idle.
+    d = JobProfilingAdvisor.__init__.__kwdefaults__
+    jpa = JobProfilingAdvisor(explore_min_s=d["explore_min_s"] / s.speed,
+                              probe_timeout_s=d["probe_timeout_s"] / s.speed)
     return ProbeFirst(advisor=jpa, inner=s.policy), jpa
 
 
@@ -129,7 +145,10 @@ def make_source(s: DemoSettings) -> tuple[Any, dict[str, Any]]:
 
     window = s.speed * s.expected_wall_s
     trace = load_trace("summit")
-    sl = pick_slice(trace, nodes=s.nodes, window_s=window, speed=s.speed, seed=s.seed)
+    # nodes arriving or leaving once pilots are up (and trials train) count most: that is
+    # when jobs grow and shrink
+    sl = pick_slice(trace, nodes=s.nodes, window_s=window, speed=s.speed, seed=s.seed,
+                    warmup_s=PILOT_START_S, churn_weight=0.25)
     src = demo_source(sl, speed=s.speed)
     frags = src.trace.fragments
     info = {"trace": "summit", "nodes": list(sl.nodes), "window_start_s": sl.start_s,
@@ -221,8 +240,12 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         with ProgressView(recorder=rec, runner=runner, n_trials=s.n_trials + s.final_top_k,
                           title=title, console=console):
             result = wf.run(runner, timeout_s=s.timeout_s, raise_on_failure=False)
+            if packed and not runner.drain(timeout_s=30.0):
+                log.warning("an array job was still running 30 s after its trials' results")
         rec.stop()
         rescales = rec.rescale_count()
+        resized = rec.resized_jobs()
+        with_progress = len({j for smp in rec.samples for j in smp.rates})
         plans = rec.plan_changes()
         idle_ns, used_ns = rec.node_seconds()
     finally:
@@ -246,6 +269,9 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
         "best_checkpoint": None if best is None else best.checkpoint,
         "rescales": sum(rescales.values()),
         "rescales_by_kind": rescales,
+        "jobs_resized": len(resized),  # jobs grown or shrunk from a checkpoint while training
+        **({"job_sizes": resized} if resized else {}),  # the sizes each of them ran at
+        "jobs_with_progress": with_progress,  # jobs whose rank 0 published a progress record
         **({"plans": plans} if plans else {}),  # which execution plan ran when (issue 17)
         "node_seconds_idle": round(idle_ns, 1),  # what the idle nodes offered
         "node_seconds_used": round(used_ns, 1),  # of those, the ones running training
@@ -300,6 +326,10 @@ def demo(
                               "arrays (one job trains many; --no-pack: one job per trial)."),
     monitoring: bool = typer.Option(False, "--monitoring", help="Write Parsl's monitoring DB."),
     seed: int = typer.Option(0, "--seed", help="Seeds the trace window and the search."),
+    step_delay: float = typer.Option(STEP_DELAY_S, "--step-delay", help="Seconds one node "
+                                     "adds to each training step, emulating a bigger model "
+                                     "(n nodes: 1/n of it; 0: digits alone, trials end in "
+                                     "under a second, too soon to resize)."),
 ) -> None:
     """Run an HPO (or NAS) sweep on emulated nodes that replay the Summit idle-node trace."""
     t_start = time.time()
@@ -310,7 +340,7 @@ def demo(
     _check_out(out)  # leaves nothing behind
     s = DemoSettings(out=str(out), quick=quick, nas=nas, nodes=nodes, trials=trials or None,
                      max_nodes=max_nodes, speed=speed, policy=policy, jpa=jpa, plain=plain,
-                     monitoring=monitoring, seed=seed, pack=pack)
+                     monitoring=monitoring, seed=seed, pack=pack, step_delay_s=step_delay)
     root = logging.getLogger()
     for h in root.handlers:  # parsl.load() sets its logger to DEBUG; keep it off the console
         if h.level == logging.NOTSET:
@@ -323,6 +353,9 @@ def demo(
     console.print(f"trials {summary['trials']}  rescales {summary['rescales']}  node-s used "
                   f"{summary['node_seconds_used']} of {summary['node_seconds_idle']} idle  wall "
                   f"{summary['wall_s']} s  ({summary['mode']})")
+    if summary.get("job_sizes"):
+        console.print("resized while training: " + "; ".join(
+            f"{j} {sz} nodes" for j, sz in summary["job_sizes"].items()), highlight=False)
     if summary.get("packing"):
         console.print(f"arrays {summary['arrays']} (sizes {summary['packing']['array_sizes']}), "
                       f"measured fused speed-up x{summary['array_speedup_measured']}")

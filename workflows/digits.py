@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,6 +111,8 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
     loss = math.nan
     batch = global_batch_of(config)
     delay = float(ctx.options.get("step_delay_s", 0.0))  # emulate a heavier model (tests, demos)
+    if delay:  # a step costs one node ``delay`` seconds, n nodes delay / n: it scales as compute
+        ctx.options["pace_s_per_sample"] = delay / max(1, batch)
     for step in ctx.steps(total_steps(config, len(Xtr)), global_batch=batch,
                           dataset_size=len(Xtr)):
         opt.zero_grad()
@@ -120,8 +121,6 @@ def train_digits(ctx: Any, config: Mapping[str, Any]) -> dict[str, float]:
         loss = step.sync(model)
         opt.step()
         ctx.report(loss=loss)
-        if delay:
-            time.sleep(delay)
     ctx.save()  # the end of a rung: a promoted trial resumes from here
     if math.isnan(loss) and ctx.history:  # resumed at the end: the loop had nothing left to do
         loss = float(ctx.history[-1].get("loss", math.nan))

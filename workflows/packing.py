@@ -136,6 +136,7 @@ class PackedTrialRunner(AppTrialRunner):
         self._pending: dict[str, list[tuple[str, Suggestion, str | None, cf.Future, float]]] = {}
         self._live: dict[tuple[str, str], _Array] = {}
         self.arrays: list[dict[str, Any]] = []  # one record per array launched
+        self._futures: list[Any] = []  # every array job's future (see drain)
         self.drops = self.repacks = 0
         self._ids = itertools.count()
         self._mutex = threading.RLock()
@@ -177,6 +178,15 @@ class PackedTrialRunner(AppTrialRunner):
         from malleparsl.apps.fused import request_drop
 
         request_drop(arr.directory, [s.trial_id])
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait for every array job to return (True if all did). A trial's future resolves
+        at its result file, while its array may still be saving its last checkpoint; shutting
+        the executor down then would abort that job and log an error for nothing."""
+        with self._mutex:
+            futures = list(self._futures)
+        _, pending = cf.wait(futures, timeout=timeout_s)
+        return not pending
 
     def close(self) -> None:
         self._stop.set()
@@ -249,6 +259,7 @@ class PackedTrialRunner(AppTrialRunner):
                                             **self.options)
         with self._mutex:
             arr.future = self._array_app(trials=trials, stops=stops, malleable_options=opts)
+            self._futures.append(arr.future)
             for s_id in arr.members:
                 self._live[(stage, s_id)] = arr
             self.arrays.append({"array_id": array_id, "stage": stage, "trials": arr.members,

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def pick_slice(trace: IdleTrace, *, nodes: int, window_s: float, speed: float,
                candidates: int = 200, seed: int = 0, min_fragment_s: float = 20.0,
-               min_gap_s: float = 15.0) -> IdleTrace:
+               min_gap_s: float = 15.0, warmup_s: float = 0.0,
+               churn_weight: float = 0.1) -> IdleTrace:
     """A window and ``nodes`` nodes whose compressed replay keeps nodes busy *and* changing.
 
     Each candidate window (``candidates`` start times drawn with ``seed``) takes its ``nodes``
@@ -70,8 +71,9 @@ def pick_slice(trace: IdleTrace, *, nodes: int, window_s: float, speed: float,
             continue  # no node left idle at the end: a run outlasting the window would starve
         cs, ce = c["start_s"].to_numpy(), c["end_s"].to_numpy()
         count = ((cs[:, None] <= grid) & (ce[:, None] > grid)).sum(axis=0)
-        churn = int((cs > 0).sum() + (ce < wall - 1e-6).sum())
-        score = count.mean() / nodes - 2.0 * float((count == 0).mean()) + 0.1 * min(churn, 2 * nodes)
+        churn = int((cs > warmup_s).sum() + ((ce > warmup_s) & (ce < wall - 1e-6)).sum())
+        score = (count.mean() / nodes - 2.0 * float((count == 0).mean())
+                 + churn_weight * min(churn, 2 * nodes))
         if best is None or score > best[0]:
             best = (score, sub)
     if best is None:

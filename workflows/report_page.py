@@ -24,6 +24,7 @@ HEADLINE = (
     ("Best configuration", "best_config"),
     ("Trials", "trials"),
     ("Rescales", "rescales"),
+    ("Jobs resized while training", "jobs_resized"),
     ("Node-seconds offered by idle nodes", "node_seconds_idle"),
     ("Node-seconds used for training", "node_seconds_used"),
     ("Utilisation", "utilisation"),
@@ -34,7 +35,7 @@ HEADLINE = (
 SHOWN = {k for _, k in HEADLINE} | {
     "workflow", "mode", "runs", "failed_runs", "lost_runs", "best_trial", "best_checkpoint",
     "rescales_by_kind", "workflow_wall_s", "stages_failed", "settings", "trace_slice",
-    "monitoring_db",
+    "monitoring_db", "job_sizes",
 }
 PLOTS = {  # file stem -> caption (report_html draws them)
     "nodes_timeline": "Nodes over time, coloured by trial",
@@ -54,7 +55,12 @@ figcaption{color:#555;font-size:.9em}"""
 
 
 def fmt(value: Any) -> str:
-    """A value as a person reads it: numbers rounded, dicts as ``k = v``, lists joined."""
+    """A value as a person reads it: numbers rounded, dicts as ``k = v``, lists joined.
+
+    A dict inside a dict (a NAS config's ``arch``) comes last, after a semicolon, as
+    ``arch: cnn, channels 16/32, kernel 3``: its ``kind`` first, its lists joined by ``/``,
+    so its commas never read as the outer dict's.
+    """
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -66,10 +72,25 @@ def fmt(value: Any) -> str:
             return "—"
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k} = {fmt(v)}" for k, v in value.items()) or "—"
+        flat = ", ".join(f"{k} = {fmt(v)}" for k, v in value.items() if not isinstance(v, Mapping))
+        nested = [f"{k}: {_inner(v)}" for k, v in value.items() if isinstance(v, Mapping)]
+        return "; ".join(p for p in (flat, *nested) if p) or "—"
     if isinstance(value, (list, tuple, set, frozenset)):
         return ", ".join(fmt(v) for v in value) or "—"
     return str(value)
+
+
+def _inner(d: Mapping[str, Any]) -> str:
+    """A nested dict as ``kind, key value, ...`` (lists as ``16/32``, dicts deeper in braces)."""
+    def one(v: Any) -> str:
+        if isinstance(v, Mapping):
+            return "{" + _inner(v) + "}"
+        if isinstance(v, (list, tuple)):
+            return "/".join(one(x) for x in v) or "—"
+        return fmt(v)
+
+    head = [one(d["kind"])] if "kind" in d else []
+    return ", ".join(head + [f"{k} {one(v)}" for k, v in d.items() if k != "kind"]) or "—"
 
 
 def duration(seconds: Any) -> str:
@@ -103,6 +124,9 @@ def headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
            if s.get("failed_runs") or s.get("lost_runs") else ""),
         "rescales": lambda v: fmt(v) + (f" ({fmt(s['rescales_by_kind'])})"
                                         if s.get("rescales_by_kind") else ""),
+        "jobs_resized": lambda v: fmt(v) + (
+            " (" + "; ".join(f"{j}: {sz} nodes" for j, sz in s["job_sizes"].items()) + ")"
+            if s.get("job_sizes") else ""),
         "node_seconds_idle": lambda v: f"{fmt(v)} node-s",
         "node_seconds_used": lambda v: f"{fmt(v)} node-s",
         "utilisation": lambda v: _pct(v) + " of the offered node-seconds",

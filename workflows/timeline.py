@@ -133,6 +133,23 @@ class Recorder:
                 out[r.kind] = out.get(r.kind, 0) + 1
         return out
 
+    def resized_jobs(self) -> dict[str, str]:
+        """Jobs relaunched at another size (grown or shrunk from their checkpoint), with the
+        sizes they ran at as the samples saw them: ``{job: "1 -> 3 -> 2"}``."""
+        out: dict[str, str] = {}
+        if self.control is None:
+            return out
+        for job_id, job in self.executor.snapshot().jobs.items():
+            if not any(r.kind in ("up", "down") for r in job.rescales):
+                continue
+            sizes: list[int] = []
+            for smp in self.samples:
+                n = len(smp.running.get(job_id, ()))
+                if n and (not sizes or sizes[-1] != n):
+                    sizes.append(n)
+            out[job_id] = " -> ".join(map(str, sizes)) or "?"
+        return out
+
     def plan_changes(self) -> dict[str, str]:
         """Which execution plan ran when, for jobs that ran any plan but plain data parallelism:
         ``{job: "dp@mb=64 x1 (0 s) -> dp x4 (93 s)"}``, seconds from the job's first segment."""

@@ -217,6 +217,7 @@ def test_bench_slurm_rejects_bad_options(args, fragments) -> None:
         (["--speed", "inf"], ["speed", "inf"]),
         (["--nodes", "-1"], ["nodes (-1)"]),
         (["--trials", "1"], ["trials must be >= 2"]),
+        (["--step-delay", "-0.1"], ["step delay must be >= 0", "-0.1"]),
     ],
 )
 def test_demo_rejects_bad_options_before_starting(args, fragments, tmp_path) -> None:

@@ -109,7 +109,7 @@ class FixedNodes(NodeSource):
 def test_plain_fallback_runs_the_same_workflow_one_node_per_trial(tmp_path):
     out = tmp_path / "plain"
     settings = DemoSettings(out=str(out), quick=True, trials=2, final_top_k=1, nodes=2,
-                            plain=True, jpa=False, timeout_s=300)
+                            plain=True, jpa=False, timeout_s=300, step_delay_s=0.0)
     summary = run_demo(settings, node_source=FixedNodes(["p-a", "p-b"]))
     assert summary["mode"].startswith("plain")
     assert summary["lost_runs"] == summary["failed_runs"] == 0 and summary["stages_failed"] == []

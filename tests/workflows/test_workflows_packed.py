@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def test_packed_asha_sweep_runs_trials_in_arrays_and_loses_none(tmp_path):
     settings = DemoSettings(out=str(tmp_path / "report"), quick=True, trials=6, final_top_k=1,
                             nodes=2, max_nodes=2, timeout_s=400, pack=True,
-                            array_size=3)  # "auto" measures throughput: not for a test
+                            array_size=3,  # "auto" measures throughput: not for a test
+                            step_delay_s=0.0)  # digits' own speed: no node comes or goes here
     summary = run_demo(settings, node_source=ManualNodeSource(nodes=["p0", "p1"]))
     pk = summary["packing"]
     print("packing:", json.dumps(pk), "best", summary["best_accuracy"], summary["mode"])

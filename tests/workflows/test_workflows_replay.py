@@ -106,3 +106,21 @@ def test_recorder_counts_a_node_for_the_stopping_job_still_on_it():
     ex = NS(ready_nodes=lambda: {"a", "b"}, control=object(), snapshot=lambda: snap)
     s = Recorder(executor=ex).sample()
     assert s.running == {"old": ("a",), "new": ("b",)} and s.used == {"a", "b"}
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_demo_slice_has_nodes_joining_or_leaving_while_trials_train(quick):
+    """The demo's window once had its quick nodes idle throughout (the only departures in its
+    last seconds): nothing for a running job to grow into or shrink from. Now nodes join or
+    leave after the pilots are up and well before the window ends."""
+    from malleparsl.workflows.demo import PILOT_START_S, DemoSettings, make_source
+
+    s = DemoSettings(quick=quick)
+    src, info = make_source(s)
+    f = src.trace.fragments
+    end = 0.8 * s.expected_wall_s
+    joins = f["start_s"][(f["start_s"] > PILOT_START_S) & (f["start_s"] < end)]
+    leaves = f["end_s"][(f["end_s"] > PILOT_START_S) & (f["end_s"] < end)]
+    assert len(joins) + len(leaves) >= 2, f
+    assert len(leaves) >= 1, f  # a shrink needs a node taken back mid-run
+    assert info["mean_idle_nodes"] >= 0.5 * s.nodes

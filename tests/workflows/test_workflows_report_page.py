@@ -72,6 +72,17 @@ def test_formatting_is_for_people(tmp_path):
     assert relative(tmp_path / "report" / "ckpt" / "x.pt", tmp_path / "report") == "ckpt/x.pt"
 
 
+def test_a_nested_config_reads_as_its_parts_not_as_equals_inside_equals():
+    """A NAS config's ``arch`` once showed as ``arch = kind = cnn, channels = 16, ...``."""
+    cfg = {"lr": 0.003, "batch_size": 64,
+           "arch": {"kind": "cnn", "channels": [16, 32], "kernel": 3, "fc": 64, "activation": "relu"}}
+    assert fmt(cfg) == ("lr = 0.003, batch_size = 64; "
+                        "arch: cnn, channels 16/32, kernel 3, fc 64, activation relu")
+    assert fmt({"arch": {"kind": "mlp", "layers": [64], "activation": "tanh"}}) == (
+        "arch: mlp, layers 64, activation tanh")
+    assert fmt({"a": {"b": {"c": 1}}}) == "a: b {c 1}"
+
+
 def test_report_opens_with_the_achievement_and_has_no_json_or_absolute_paths(tmp_path):
     out = _report(tmp_path)
     page = (out / "report.html").read_text()

@@ -119,6 +119,10 @@ class MalleableApp(PythonApp):
         self.func = self.entry
         self.extra_options = tuple(extra_options)
         self.malleable = validate_options(options, name=self.__name__, extra=self.extra_options)
+        if "model" not in self.malleable and "profile_key" not in self.malleable:
+            # calls of one training function share the JPA's measured curves (a sweep's trials
+            # start from what the first measured, rescaled to their own level)
+            self.malleable["profile_key"] = f"{func.__module__}.{func.__qualname__}"
 
     def __call__(self, *args: Any, malleable_options: dict[str, Any] | None = None, **kwargs: Any):
         """Submit one training job; ``malleable_options`` overrides options for this call

@@ -168,6 +168,11 @@ def _path(name: str, v: Any) -> None:
         raise SpecError(f"{name} must be a directory path, got {v!r}")
 
 
+def _label(name: str, v: Any) -> None:
+    if not isinstance(v, str) or not v.strip():
+        raise SpecError(f"{name} must be a non-empty string, got {v!r}")
+
+
 def _plans(name: str, v: Any) -> None:
     from malleparsl.plans import FAMILIES
 
@@ -199,6 +204,9 @@ JOB_OPTIONS: Mapping[str, tuple[str, Callable[[str, Any], None] | None]] = Mappi
     "curve": ("executors.planning", None),
     "rescale_up_s": ("model.JobSpec", None),
     "rescale_down_s": ("model.JobSpec", None),
+    # jobs with the same key share the JPA's measured curves (jpa.advisor.profile_key)
+    "model": ("executors.planning -> model.JobSpec.model", _label),
+    "profile_key": ("executors.planning -> JobSpec.meta['profile_key']", _label),
     # the control loop and driver
     "ckpt_dir": ("executors.control", _path),
     "max_restarts": ("executors.control", _count(0)),

@@ -114,6 +114,17 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     # bounds narrowed from the ones JobSpec has checked (not int() of raw options: 0 divided
     # by zero, 2.7 or '2' or True passed as 2 or 1)
     spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
+    # what the JPA shares measured curves by (a model seen before starts from its prior):
+    # the options' profile_key, else their model; @malleable_app names the function by default
+    label = {k: options[k] for k in ("model", "profile_key") if options.get(k) is not None}
+    for k, v in label.items():
+        if not isinstance(v, str) or not v.strip():
+            raise SpecError(f"job {job_id!r}: {k} must be a non-empty string, got {v!r}")
+    if label:
+        spec = dataclasses.replace(
+            spec, model=label.get("model", spec.model),
+            meta={**spec.meta, "profile_key": label["profile_key"]} if "profile_key" in label
+            else spec.meta)
     if options.get("memory_profile") is not None:  # execution plans: smallest size any fits
         from malleparsl.plans import min_nodes_for, plan_options
 

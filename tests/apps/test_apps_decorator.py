@@ -39,7 +39,8 @@ def test_call_carries_the_malleable_resource_spec_and_the_bare_entry() -> None:
     assert isinstance(func, RankEntry) and func.user_fn is train_mlp
     spec = kw["app_kwargs"]["parsl_resource_specification"]["malleable"]
     assert spec == {"min_nodes": 2, "max_nodes": 3, "seed": 7, "total_samples": 6400,
-                    "curve": [[1, 10.0], [2, 19.0]], "job_id": "j-1"}
+                    "curve": [[1, 10.0], [2, 19.0]], "job_id": "j-1",
+                    "profile_key": f"{train_mlp.__module__}.train_mlp"}
     assert kw["app_kwargs"]["lr"] == 0.1
     app(lr=0.2)  # per-call overrides do not leak into the next call
     assert "job_id" not in dfk.calls[1][2]["app_kwargs"]["parsl_resource_specification"]["malleable"]
@@ -235,3 +236,26 @@ def test_executors_all_with_a_plain_executor_beside_is_refused_naming_the_mallea
     picked = malleable_app(max_nodes=2, executors=["malleable"])(train_mlp)
     picked.data_flow_kernel = dfk
     assert picked() == "future"
+
+
+def test_calls_of_one_function_share_the_jpas_curves_by_default() -> None:
+    """Live jobs carried no model name, so the JPA never shared a measured curve between them
+    (a sweep's every trial was probed afresh): the function names them unless the options do."""
+    from malleparsl.executors.planning import spec_from_options
+    from malleparsl.jpa.advisor import profile_key
+
+    app = malleable_app(max_nodes=4)(train_mlp)
+    key = f"{train_mlp.__module__}.train_mlp"
+    assert app.malleable["profile_key"] == key
+    assert profile_key(spec_from_options(app.malleable)) == key
+    named = malleable_app(max_nodes=4, model="resnet50")(train_mlp)
+    assert "profile_key" not in named.malleable
+    spec = spec_from_options(named.malleable)
+    assert spec.model == "resnet50" and profile_key(spec) == "resnet50"
+    own = spec_from_options({"profile_key": "bert-base", "model": "bert"})
+    assert profile_key(own) == "bert-base"  # the key wins over the model, as in the JPA
+    for bad in ({"model": ""}, {"profile_key": 3}):
+        with pytest.raises(SpecError, match="non-empty string"):
+            malleable_app(max_nodes=2, **bad)(train_mlp)
+        with pytest.raises(SpecError, match="non-empty string"):
+            spec_from_options(bad)

@@ -21,6 +21,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+def check_out_folder(out: Path) -> None:
+    """Make ``out`` a folder we can write, or say so naming ``--out``: before hours of
+    simulation or before a demo's nodes start, not when the report is written."""
+    import tempfile
+
+    from malleparsl.errors import SpecError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise SpecError(f"--out {str(out)!r} is not a writable folder "
+                        f"({exc.strerror or exc}); choose another --out") from None
+
 TABLE_COLUMNS: list[tuple[str, str, str]] = [
     # (key in the summary row, header, format)
     ("policy", "policy", "{}"),

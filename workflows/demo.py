@@ -298,16 +298,9 @@ def run_demo(s: DemoSettings, *, node_source: Any = None, console: Any = None,
 
 
 def _check_out(out: Path) -> None:
-    """The report folder must be writable: say so before nodes start, naming ``--out``."""
-    import tempfile
+    from malleparsl.report import check_out_folder
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise SpecError(f"--out {str(out)!r} is not a writable folder "
-                        f"({exc.strerror or exc}); choose another --out") from None
+    check_out_folder(out)
 
 
 def demo(

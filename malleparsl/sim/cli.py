@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import typer
@@ -33,18 +32,9 @@ def _fail(msg: str) -> None:
 
 
 def _check_out(out: Path) -> None:
-    """Make sure ``out`` is a folder we can write, before hours of simulation."""
-    from malleparsl.errors import SpecError
+    from malleparsl.report import check_out_folder
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise SpecError(
-            f"--out {str(out)!r} is not a writable folder ({exc.strerror or exc}); "
-            "choose another --out"
-        ) from None
+    check_out_folder(out)
 
 
 def _check_inputs(  # noqa: PLR0913 - one check per option

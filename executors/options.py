@@ -239,17 +239,21 @@ JOB_OPTIONS: Mapping[str, tuple[str, Callable[[str, Any], None] | None]] = Mappi
 
 
 def check_job_options(options: Mapping[str, Any], *, job: str,
-                      extra: Iterable[str] = ()) -> None:
+                      extra: Iterable[str] = (), names: bool = True) -> None:
     """Refuse a job's option whose name is none of :data:`JOB_OPTIONS` (nor ``extra``, the
     options the training function reads itself) or whose value breaks its rule.
 
     A misspelt name would otherwise be passed along and never read: the job runs without it.
     Raises :class:`SpecError` naming the job, the option, the closest valid name and the rule.
+    ``names=False`` checks the values only: a job submitted with a plain
+    ``resource_specification`` has no list of the options its function reads itself.
     """
     from malleparsl.errors import unknown_name
 
     valid = set(JOB_OPTIONS) | set(extra)
     for name, value in options.items():
+        if name not in valid and not names:
+            continue
         if name not in valid:
             raise SpecError(
                 f"job {job!r}: {unknown_name('malleable option', name, valid)} (an option your "

@@ -16,6 +16,7 @@ from typing import Any
 from malleparsl.allocator.base import AllocationPolicy, ClusterSnapshot, JobView, make_policy
 from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
+from malleparsl.executors.options import check_job_options
 from malleparsl.model import Allocation, JobSpec, ScalingCurve, node_count
 
 _SPEC_KEYS = ("min_nodes", "max_nodes", "rescale_up_s", "rescale_down_s", "total_samples")
@@ -81,6 +82,9 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
             'resource_specification={"malleable": {"min_nodes": 1, "max_nodes": 4}}'
         )
     job_id = options.get("job_id") or f"job-{uuid.uuid4().hex[:10]}"
+    # the values @malleable_app checks at decoration, here for every submit (a plain
+    # resource_specification too): torch_threads=-1 was torch's RuntimeError on the ranks
+    check_job_options(options, job=str(job_id), names=False)
     kw: dict[str, Any] = {k: options[k] for k in _SPEC_KEYS if options.get(k) is not None}
     if "max_nodes" not in kw:  # min_nodes as given: JobSpec checks it (no int() of 'x' or 2.7)
         low = kw.get("min_nodes", 1)

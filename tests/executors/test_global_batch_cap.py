@@ -191,3 +191,17 @@ def test_a_batch_smaller_than_one_nodes_ranks_is_refused_with_a_fix_that_exists(
                        r"or run fewer ranks per node$") as e:
         spec_from_options({"job_id": "a", "global_batch": 3}, ranks_per_node=4)
     assert "lower min_nodes" not in str(e.value)
+
+
+def test_a_plain_resource_specification_gets_the_value_checks_at_submit():
+    """@malleable_app checks values at decoration; a job submitted with a plain
+    resource_specification skipped them (torch_threads=-1 was torch's RuntimeError on the
+    ranks, once the job held its nodes). Names it does not know pass: its function may read
+    them from ctx.options, and no extra_options list says which."""
+    from malleparsl.executors.planning import spec_from_options
+
+    with pytest.raises(SpecError, match="torch_threads"):
+        spec_from_options({"job_id": "t", "max_nodes": 2, "torch_threads": -1})
+    with pytest.raises(SpecError, match="ckpt_interval_s"):
+        spec_from_options({"job_id": "t", "ckpt_interval_s": "x"})
+    assert spec_from_options({"job_id": "t", "max_nodes": 2, "my_lr_scale": 3}).max_nodes == 2

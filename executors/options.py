@@ -164,6 +164,8 @@ def _device(name: str, v: Any) -> None:
 
 
 def _path(name: str, v: Any) -> None:
+    if v is None:  # the control loop's default, <ckpt_root>/<job_id>
+        return
     if not isinstance(v, (str, os.PathLike)) or not str(v):
         raise SpecError(f"{name} must be a directory path, got {v!r}")
 
@@ -176,7 +178,9 @@ def _label(name: str, v: Any) -> None:
 def _plans(name: str, v: Any) -> None:
     from malleparsl.plans import FAMILIES
 
-    bad = [p for p in v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else [
+    if v is None:  # every family, as when not given (plans.plan_options)
+        return
+    bad = [v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else [
         p for p in v if p not in FAMILIES]
     if bad or not v:
         raise SpecError(f"{name} must be a non-empty list of plan families from "

@@ -259,3 +259,39 @@ def test_calls_of_one_function_share_the_jpas_curves_by_default() -> None:
             malleable_app(max_nodes=2, **bad)(train_mlp)
         with pytest.raises(SpecError, match="non-empty string"):
             spec_from_options(bad)
+
+
+def test_a_model_given_per_call_names_the_job_over_the_default_key() -> None:
+    """The function's default profile_key outranks ``model`` in the JPA: a sweep over models
+    with one training function (``malleable_options={"model": m}``) had every model share the
+    function's curves. A key the user gave stays."""
+    from malleparsl.executors.planning import spec_from_options
+    from malleparsl.jpa.advisor import profile_key
+
+    app = malleable_app(max_nodes=4)(train_mlp)
+    dfk = RecordingDFK()
+    app.data_flow_kernel = dfk
+    app(malleable_options={"model": "resnet50"})
+    app()
+    sent = [c[2]["app_kwargs"]["parsl_resource_specification"]["malleable"] for c in dfk.calls]
+    assert profile_key(spec_from_options(sent[0])) == "resnet50"
+    assert profile_key(spec_from_options(sent[1])) == f"{train_mlp.__module__}.train_mlp"
+    keyed = malleable_app(max_nodes=4, profile_key="mlp-digits")(train_mlp)
+    keyed.data_flow_kernel = dfk
+    keyed(malleable_options={"model": "resnet50"})
+    sent = dfk.calls[-1][2]["app_kwargs"]["parsl_resource_specification"]["malleable"]
+    assert profile_key(spec_from_options(sent)) == "mlp-digits"
+
+
+def test_options_their_readers_take_as_unset_pass_and_bad_ones_are_spec_errors() -> None:
+    """``ckpt_dir=None`` (the control loop's default folder) and ``plans=None`` (every family)
+    were refused since the value checks, at decoration and now at every submit; ``plans=5``
+    was a bare TypeError."""
+    from malleparsl.executors.planning import spec_from_options
+
+    for ok in ({"ckpt_dir": None}, {"plans": None}):
+        validate_options({"max_nodes": 2, **ok})
+        spec_from_options({"max_nodes": 2, **ok})
+    for bad in (5, "dp", []):
+        with pytest.raises(SpecError, match="plans must be a non-empty list"):
+            validate_options({"max_nodes": 2, "plans": bad})

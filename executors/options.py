@@ -154,7 +154,11 @@ def _number(name: str, v: Any, *, lo: float, strict: bool = False, integer: bool
 
 
 def _flag(name: str, v: Any) -> None:
-    if not isinstance(v, bool):
+    if isinstance(v, bool):
+        return
+    import numpy as np  # a comparison of numpy values: np.True_, no bool
+
+    if not isinstance(v, np.bool_):
         raise SpecError(f"{name} must be True or False, got {v!r}")
 
 

@@ -295,3 +295,15 @@ def test_options_their_readers_take_as_unset_pass_and_bad_ones_are_spec_errors()
     for bad in (5, "dp", []):
         with pytest.raises(SpecError, match="plans must be a non-empty list"):
             validate_options({"max_nodes": 2, "plans": bad})
+
+
+def test_numpy_flags_pass_as_numpy_counts_do() -> None:
+    """``resume=rung > 0`` with a numpy rung is ``np.True_``: refused at every submit, while
+    numpy integers passed for counts; a number is still no flag."""
+    from malleparsl.executors.planning import spec_from_options
+
+    flags = {"resume": np.bool_(True), "deterministic": np.bool_(False)}
+    validate_options({"max_nodes": 2, "seed": np.int64(3), **flags})
+    spec_from_options({"max_nodes": 2, **flags})
+    with pytest.raises(SpecError, match="resume must be True or False"):
+        spec_from_options({"max_nodes": 2, "resume": 1})

@@ -76,6 +76,15 @@ def test_local_run_in_process() -> None:
     assert out["steps"] == 5 and len(out["history"]) == 5
 
 
+def test_local_run_of_an_app_with_a_ckpt_dir_option(tmp_path) -> None:
+    """Old code: TypeError (ckpt_dir given twice to TrainContext.local). The job's folder is
+    not the local run's: it checkpoints only where told."""
+    job_dir = tmp_path / "job"
+    app = malleable_app(max_nodes=2, torch_threads=1, ckpt_dir=str(job_dir))(train_mlp)
+    assert app.local(total_steps=3)["steps"] == 3
+    assert not job_dir.exists()
+
+
 def test_a_misspelt_option_is_refused_at_decoration_with_the_closest_name() -> None:
     """Old code: @malleable_app(global_bach=64) was accepted and the job ran without it."""
     with pytest.raises(SpecError) as err:

@@ -316,3 +316,15 @@ def test_numpy_flags_pass_as_numpy_counts_do() -> None:
     spec_from_options({"max_nodes": 2, **flags})
     with pytest.raises(SpecError, match="resume must be True or False"):
         spec_from_options({"max_nodes": 2, "resume": 1})
+
+
+def test_a_job_with_automatic_plans_keeps_its_profile_key() -> None:
+    """Old code: the plan options replaced the spec's meta, so a job with a memory_profile
+    lost its profile_key (the function's default too) and never shared the JPA's curves."""
+    from malleparsl.executors.planning import spec_from_options
+    from malleparsl.jpa.advisor import profile_key
+
+    app = malleable_app(max_nodes=4, global_batch=64, memory_profile=PROFILE)(train_mlp)
+    spec = spec_from_options(app.malleable)
+    assert "plan_options" in spec.meta
+    assert profile_key(spec) == f"{train_mlp.__module__}.train_mlp"

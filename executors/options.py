@@ -195,6 +195,14 @@ def _seconds(lo: float = 0.0, strict: bool = False) -> Callable[[str, Any], None
     return lambda name, v: _number(name, v, lo=lo, strict=strict, unit=" (seconds)")
 
 
+def _timeout(name: str, v: Any) -> None:
+    from datetime import timedelta
+
+    _number(name, v, lo=0.0, strict=True, unit=" (seconds)")
+    if not v < timedelta.max.total_seconds():  # torch takes it as a timedelta: inf overflows
+        raise SpecError(f"{name} must be a finite number of seconds (a timedelta), got {v!r}")
+
+
 def _count(lo: int, none: bool = False) -> Callable[[str, Any], None]:
     return lambda name, v: _number(name, v, lo=lo, integer=True, none=none)
 
@@ -238,7 +246,7 @@ JOB_OPTIONS: Mapping[str, tuple[str, Callable[[str, Any], None] | None]] = Mappi
     "ckpt_keep": ("apps.context", _count(1)),
     "progress_interval_s": ("apps.context", _seconds()),
     "stop_check_interval_s": ("apps.context", _seconds()),
-    "pg_timeout_s": ("apps.context", _seconds(strict=True)),
+    "pg_timeout_s": ("apps.context", _timeout),
     "pace_s_per_sample": ("apps.context", _seconds()),
     "rehearsal": ("apps.fused (set by executors.warmup)", _flag),
     # malleparsl's own example workflows

@@ -328,3 +328,16 @@ def test_a_job_with_automatic_plans_keeps_its_profile_key() -> None:
     spec = spec_from_options(app.malleable)
     assert "plan_options" in spec.meta
     assert profile_key(spec) == f"{train_mlp.__module__}.train_mlp"
+
+
+def test_an_infinite_process_group_timeout_is_refused_at_submit() -> None:
+    """Old code: pg_timeout_s=inf passed the checks and was an OverflowError on every rank
+    (torch takes it as a timedelta) once the job held its nodes."""
+    from malleparsl.executors.planning import spec_from_options
+
+    spec_from_options({"max_nodes": 2, "pg_timeout_s": 3600})
+    for bad in (float("inf"), 1e15):
+        with pytest.raises(SpecError, match="pg_timeout_s must be a finite number"):
+            spec_from_options({"max_nodes": 2, "pg_timeout_s": bad})
+    with pytest.raises(SpecError, match="pg_timeout_s must be a number > 0"):
+        spec_from_options({"max_nodes": 2, "pg_timeout_s": 0})

@@ -119,7 +119,8 @@ class MalleableApp(PythonApp):
         self.func = self.entry
         self.extra_options = tuple(extra_options)
         self.malleable = validate_options(options, name=self.__name__, extra=self.extra_options)
-        if "model" not in self.malleable and "profile_key" not in self.malleable:
+        self._default_key = "model" not in self.malleable and "profile_key" not in self.malleable
+        if self._default_key:
             # calls of one training function share the JPA's measured curves (a sweep's trials
             # start from what the first measured, rescaled to their own level)
             self.malleable["profile_key"] = f"{func.__module__}.{func.__qualname__}"
@@ -129,6 +130,9 @@ class MalleableApp(PythonApp):
         (e.g. ``{"job_id": "trial-3", "max_nodes": 2}``)."""
         opts = copy.deepcopy(self.malleable)
         if malleable_options:
+            if (self._default_key and malleable_options.get("model") is not None
+                    and "profile_key" not in malleable_options):
+                del opts["profile_key"]  # the call's model names it: the default key outranks it
             opts = validate_options({**opts, **malleable_options}, name=self.__name__,
                                     extra=self.extra_options)
         self._check_executors()

@@ -154,7 +154,11 @@ def _number(name: str, v: Any, *, lo: float, strict: bool = False, integer: bool
 
 
 def _flag(name: str, v: Any) -> None:
-    if not isinstance(v, bool):
+    if isinstance(v, bool):
+        return
+    import numpy as np  # a comparison of numpy values: np.True_, no bool
+
+    if not isinstance(v, np.bool_):
         raise SpecError(f"{name} must be True or False, got {v!r}")
 
 
@@ -164,6 +168,8 @@ def _device(name: str, v: Any) -> None:
 
 
 def _path(name: str, v: Any) -> None:
+    if v is None:  # the control loop's default, <ckpt_root>/<job_id>
+        return
     if not isinstance(v, (str, os.PathLike)) or not str(v):
         raise SpecError(f"{name} must be a directory path, got {v!r}")
 
@@ -176,7 +182,9 @@ def _label(name: str, v: Any) -> None:
 def _plans(name: str, v: Any) -> None:
     from malleparsl.plans import FAMILIES
 
-    bad = [p for p in v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else [
+    if v is None:  # every family, as when not given (plans.plan_options)
+        return
+    bad = [v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else [
         p for p in v if p not in FAMILIES]
     if bad or not v:
         raise SpecError(f"{name} must be a non-empty list of plan families from "
@@ -185,6 +193,14 @@ def _plans(name: str, v: Any) -> None:
 
 def _seconds(lo: float = 0.0, strict: bool = False) -> Callable[[str, Any], None]:
     return lambda name, v: _number(name, v, lo=lo, strict=strict, unit=" (seconds)")
+
+
+def _timeout(name: str, v: Any) -> None:
+    from datetime import timedelta
+
+    _number(name, v, lo=0.0, strict=True, unit=" (seconds)")
+    if not v < timedelta.max.total_seconds():  # torch takes it as a timedelta: inf overflows
+        raise SpecError(f"{name} must be a finite number of seconds (a timedelta), got {v!r}")
 
 
 def _count(lo: int, none: bool = False) -> Callable[[str, Any], None]:
@@ -230,7 +246,7 @@ JOB_OPTIONS: Mapping[str, tuple[str, Callable[[str, Any], None] | None]] = Mappi
     "ckpt_keep": ("apps.context", _count(1)),
     "progress_interval_s": ("apps.context", _seconds()),
     "stop_check_interval_s": ("apps.context", _seconds()),
-    "pg_timeout_s": ("apps.context", _seconds(strict=True)),
+    "pg_timeout_s": ("apps.context", _timeout),
     "pace_s_per_sample": ("apps.context", _seconds()),
     "rehearsal": ("apps.fused (set by executors.warmup)", _flag),
     # malleparsl's own example workflows

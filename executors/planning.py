@@ -135,7 +135,7 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
         popts = plan_options(options, ranks_per_node=ranks_per_node)
         spec = dataclasses.replace(
             spec, min_nodes=min_nodes_for(popts, spec.min_nodes, spec.max_nodes),
-            meta=spec.meta if popts is None else {"plan_options": popts})
+            meta=spec.meta if popts is None else {**spec.meta, "plan_options": popts})
     gb = global_batch_option(options)
     if gb is not None:  # every rank needs a sample, with automatic plans or not
         spec = dataclasses.replace(spec, max_nodes=cap_to_batch(

@@ -76,6 +76,15 @@ def test_local_run_in_process() -> None:
     assert out["steps"] == 5 and len(out["history"]) == 5
 
 
+def test_local_run_of_an_app_with_a_ckpt_dir_option(tmp_path) -> None:
+    """Old code: TypeError (ckpt_dir given twice to TrainContext.local). The job's folder is
+    not the local run's: it checkpoints only where told."""
+    job_dir = tmp_path / "job"
+    app = malleable_app(max_nodes=2, torch_threads=1, ckpt_dir=str(job_dir))(train_mlp)
+    assert app.local(total_steps=3)["steps"] == 3
+    assert not job_dir.exists()
+
+
 def test_a_misspelt_option_is_refused_at_decoration_with_the_closest_name() -> None:
     """Old code: @malleable_app(global_bach=64) was accepted and the job ran without it."""
     with pytest.raises(SpecError) as err:
@@ -259,3 +268,76 @@ def test_calls_of_one_function_share_the_jpas_curves_by_default() -> None:
             malleable_app(max_nodes=2, **bad)(train_mlp)
         with pytest.raises(SpecError, match="non-empty string"):
             spec_from_options(bad)
+
+
+def test_a_model_given_per_call_names_the_job_over_the_default_key() -> None:
+    """The function's default profile_key outranks ``model`` in the JPA: a sweep over models
+    with one training function (``malleable_options={"model": m}``) had every model share the
+    function's curves. A key the user gave stays."""
+    from malleparsl.executors.planning import spec_from_options
+    from malleparsl.jpa.advisor import profile_key
+
+    app = malleable_app(max_nodes=4)(train_mlp)
+    dfk = RecordingDFK()
+    app.data_flow_kernel = dfk
+    app(malleable_options={"model": "resnet50"})
+    app()
+    sent = [c[2]["app_kwargs"]["parsl_resource_specification"]["malleable"] for c in dfk.calls]
+    assert profile_key(spec_from_options(sent[0])) == "resnet50"
+    assert profile_key(spec_from_options(sent[1])) == f"{train_mlp.__module__}.train_mlp"
+    keyed = malleable_app(max_nodes=4, profile_key="mlp-digits")(train_mlp)
+    keyed.data_flow_kernel = dfk
+    keyed(malleable_options={"model": "resnet50"})
+    sent = dfk.calls[-1][2]["app_kwargs"]["parsl_resource_specification"]["malleable"]
+    assert profile_key(spec_from_options(sent)) == "mlp-digits"
+
+
+def test_options_their_readers_take_as_unset_pass_and_bad_ones_are_spec_errors() -> None:
+    """``ckpt_dir=None`` (the control loop's default folder) and ``plans=None`` (every family)
+    were refused since the value checks, at decoration and now at every submit; ``plans=5``
+    was a bare TypeError."""
+    from malleparsl.executors.planning import spec_from_options
+
+    for ok in ({"ckpt_dir": None}, {"plans": None}):
+        validate_options({"max_nodes": 2, **ok})
+        spec_from_options({"max_nodes": 2, **ok})
+    for bad in (5, "dp", []):
+        with pytest.raises(SpecError, match="plans must be a non-empty list"):
+            validate_options({"max_nodes": 2, "plans": bad})
+
+
+def test_numpy_flags_pass_as_numpy_counts_do() -> None:
+    """``resume=rung > 0`` with a numpy rung is ``np.True_``: refused at every submit, while
+    numpy integers passed for counts; a number is still no flag."""
+    from malleparsl.executors.planning import spec_from_options
+
+    flags = {"resume": np.bool_(True), "deterministic": np.bool_(False)}
+    validate_options({"max_nodes": 2, "seed": np.int64(3), **flags})
+    spec_from_options({"max_nodes": 2, **flags})
+    with pytest.raises(SpecError, match="resume must be True or False"):
+        spec_from_options({"max_nodes": 2, "resume": 1})
+
+
+def test_a_job_with_automatic_plans_keeps_its_profile_key() -> None:
+    """Old code: the plan options replaced the spec's meta, so a job with a memory_profile
+    lost its profile_key (the function's default too) and never shared the JPA's curves."""
+    from malleparsl.executors.planning import spec_from_options
+    from malleparsl.jpa.advisor import profile_key
+
+    app = malleable_app(max_nodes=4, global_batch=64, memory_profile=PROFILE)(train_mlp)
+    spec = spec_from_options(app.malleable)
+    assert "plan_options" in spec.meta
+    assert profile_key(spec) == f"{train_mlp.__module__}.train_mlp"
+
+
+def test_an_infinite_process_group_timeout_is_refused_at_submit() -> None:
+    """Old code: pg_timeout_s=inf passed the checks and was an OverflowError on every rank
+    (torch takes it as a timedelta) once the job held its nodes."""
+    from malleparsl.executors.planning import spec_from_options
+
+    spec_from_options({"max_nodes": 2, "pg_timeout_s": 3600})
+    for bad in (float("inf"), 1e15):
+        with pytest.raises(SpecError, match="pg_timeout_s must be a finite number"):
+            spec_from_options({"max_nodes": 2, "pg_timeout_s": bad})
+    with pytest.raises(SpecError, match="pg_timeout_s must be a number > 0"):
+        spec_from_options({"max_nodes": 2, "pg_timeout_s": 0})

@@ -178,6 +178,17 @@ def train_array(
         models.append(m)
         templates[str(t["trial_id"])] = build(t["config"])
         starts.append(step0), opt_states.append(opt_sd), hists.append(hist)
+    while len(set(starts)) != 1 and not rehearsal:
+        # a trial promoted from an array that trained it past the rung's stop before the
+        # promotion has newer checkpoints than the others (the demo: t003 at 46, t000 and
+        # t005 at 45): every trial starts from the newest step they all have, a few steps
+        # redone rather than the trials' results lost
+        target = min(starts)
+        for i, t in enumerate(trials):
+            if starts[i] != target:
+                torch.manual_seed(int(t.get("seed", 0)))
+                models[i] = build(t["config"])
+                starts[i], opt_states[i], hists[i] = _load_trial(models[i], t.get("dir"), target)
     if len(set(starts)) != 1:
         raise SpecError(f"trials of one array must start at one step, got {dict(zip(ids, starts))}")
     fm = FusedSequential.from_models(models).to(ctx.device)

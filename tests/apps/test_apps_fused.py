@@ -202,3 +202,33 @@ def test_a_rehearsal_does_not_read_the_trials_folders(tmp_path) -> None:
     out = run(trials, [2], rehearsal=True)  # before: SpecError, starts {t0: 3, t1: 6}
     assert out["steps"] == 2  # the rehearsal trained from scratch, in its own folder
     assert [CheckpointStore(directory=t["dir"]).load_latest()[0] for t in trials] == steps
+
+
+def test_trials_checkpointed_at_different_steps_start_together_from_a_step_they_share(
+        tmp_path) -> None:
+    """A trial promoted from an array that trained it past the rung's stop has a newer
+    checkpoint than the trials it is packed with next: the array failed ("trials of one array
+    must start at one step", the quick demo's rung 1 lost two trials). Now every trial starts
+    from the newest step they all have, and trains as if alone."""
+    from malleparsl.apps.context import TrainContext
+
+    trials = _trials(tmp_path, n=2)
+
+    def run(ts, stops):
+        ctx = TrainContext.local(ckpt_dir=str(tmp_path / f"ckpt-{len(ts)}-{stops[-1]}"),
+                                 torch_threads=1)
+        try:
+            return train_array(ctx, trials=ts, build=build_mlp, data=digits_data,
+                               global_batch=GB, stops=stops)
+        finally:
+            ctx.close()
+
+    run(trials, [3])  # both exported at step 3
+    run(trials[1:], [6])  # t1 alone on to step 6
+    out = run(trials, [8])  # before: SpecError, starts {t0: 3, t1: 6}
+    assert out["steps"] == 8
+    for t in trials:
+        got = [h["loss"] for h in out["trials"][t["trial_id"]]["history"]]
+        want, _ = train_alone(t["config"], seed=t["seed"], steps=8, global_batch=GB,
+                              build=build_mlp)
+        assert len(got) == 8 and max(abs(a - b) for a, b in zip(got, want)) <= TOL

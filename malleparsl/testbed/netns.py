@@ -32,6 +32,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -254,9 +255,23 @@ class NetnsTestbed:
         """Partition host ``name``: its link goes down, its processes keep running."""
         ip("link", "set", self.host(name).veth, "down")
 
-    def restore(self, name: str) -> None:
-        """Bring host ``name``'s link back up."""
-        ip("link", "set", self.host(name).veth, "up")
+    def restore(self, name: str, *, timeout_s: float = 5.0) -> None:
+        """Bring host ``name``'s link back up, and return once it carries traffic.
+
+        Neighbour entries that failed while the link was down answer "No route to host" until
+        they expire (seen in CI: a connect right after ``restore`` refused), so both ends'
+        are flushed; then wait (bounded) for the link to be up at both ends."""
+        h = self.host(name)
+        ip("link", "set", h.veth, "up")
+        ip("neigh", "flush", "to", h.address, check=False)
+        self.run(h, ["ip", "neigh", "flush", "dev", h.ifname], check=False)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            outer = ip("-o", "link", "show", h.veth, check=False).stdout
+            inner = self.run(h, ["ip", "-o", "link", "show", h.ifname]).stdout
+            if "LOWER_UP" in outer and "LOWER_UP" in inner:
+                return
+            time.sleep(0.05)
 
     def run(self, name: str | Host, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         """Run ``argv`` on a host and wait for it (``subprocess.run`` keyword arguments pass)."""

@@ -169,12 +169,14 @@ def train_array(
     # rewrites them, so they may hold trials at different steps: a SpecError below, and a
     # node warmed for nothing) nor writes into them (it would export them mid-rung)
     rehearsal = bool(ctx.options.get("rehearsal"))
-    models, templates, starts, opt_states, hists = [], {}, [], [], []
-    for t in trials:
+    def load(t: Mapping[str, Any], at_most: int | None) -> tuple[torch.nn.Module, int, Any, list]:
         torch.manual_seed(int(t.get("seed", 0)))
         m = build(t["config"])
-        step0, opt_sd, hist = _load_trial(m, None if rehearsal else t.get("dir"),
-                                          t.get("start_step"))
+        return (m, *_load_trial(m, None if rehearsal else t.get("dir"), at_most))
+
+    models, templates, starts, opt_states, hists = [], {}, [], [], []
+    for t in trials:
+        m, step0, opt_sd, hist = load(t, t.get("start_step"))
         models.append(m)
         templates[str(t["trial_id"])] = build(t["config"])
         starts.append(step0), opt_states.append(opt_sd), hists.append(hist)
@@ -186,9 +188,7 @@ def train_array(
         target = min(starts)
         for i, t in enumerate(trials):
             if starts[i] != target:
-                torch.manual_seed(int(t.get("seed", 0)))
-                models[i] = build(t["config"])
-                starts[i], opt_states[i], hists[i] = _load_trial(models[i], t.get("dir"), target)
+                models[i], starts[i], opt_states[i], hists[i] = load(t, target)
     if len(set(starts)) != 1:
         raise SpecError(f"trials of one array must start at one step, got {dict(zip(ids, starts))}")
     fm = FusedSequential.from_models(models).to(ctx.device)

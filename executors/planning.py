@@ -120,10 +120,8 @@ def spec_from_options(options: Mapping[str, Any], *, now_s: float = 0.0,
     spec = JobSpec(job_id=str(job_id), curve=curve, submit_s=now_s, **kw)
     # what the JPA shares measured curves by (a model seen before starts from its prior):
     # the options' profile_key, else their model; @malleable_app names the function by default
+    # (check_job_options above checked both are non-empty strings)
     label = {k: options[k] for k in ("model", "profile_key") if options.get(k) is not None}
-    for k, v in label.items():
-        if not isinstance(v, str) or not v.strip():
-            raise SpecError(f"job {job_id!r}: {k} must be a non-empty string, got {v!r}")
     if label:
         spec = dataclasses.replace(
             spec, model=label.get("model", spec.model),

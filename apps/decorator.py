@@ -34,7 +34,7 @@ from malleparsl.executors.options import check_job_options
 from malleparsl.extras import require
 from malleparsl.model import JobSpec, ScalingCurve
 from malleparsl.names import check_safe_name
-from malleparsl.plans import MemoryProfile, fixed_plan_option, global_batch_option, node_budget
+from malleparsl.plans import fixed_plan_option, global_batch_option, node_budget, plan_options
 
 
 def validate_options(options: dict[str, Any], *, name: str = "app",
@@ -69,16 +69,14 @@ def validate_options(options: dict[str, Any], *, name: str = "app",
         global_batch_option(out)  # global_batch=0 now, not at .result()
         for key in ("node_memory_bytes", "rank_memory_bytes"):  # each alone: ranks_per_node
             node_budget({key: out.get(key)})  # is the executor's, known only at submit
-        if out.get("memory_profile") is not None and out.get("plan") in (None, "auto"):
-            prof = out["memory_profile"]
-            if not isinstance(prof, MemoryProfile):
-                try:
-                    MemoryProfile.from_dict(prof)
-                except (TypeError, ValueError, AttributeError) as exc:
-                    raise SpecError(f"memory_profile must be a MemoryProfile or its dict "
-                                    f"(MemoryProfile.as_dict()), got {prof!r}: {exc}") from None
-            if global_batch_option(out) is None:
-                raise SpecError("memory_profile needs global_batch (an integer >= 1), got None")
+        try:  # the profile and its global_batch as submit reads them (budgets checked above)
+            plan_options({**out, "node_memory_bytes": None, "rank_memory_bytes": None})
+        except SpecError:
+            raise
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SpecError(f"memory_profile must be a MemoryProfile or its dict "
+                            f"(MemoryProfile.as_dict()), got {out.get('memory_profile')!r}: "
+                            f"{exc}") from None
     except SpecError as exc:
         raise SpecError(f"job {job!r}: {exc}") from None
     total = out.get("total_samples")

@@ -31,10 +31,14 @@ log = logging.getLogger(__name__)
 
 def run_plain_trial(train_fn: Callable[..., Any], config: Mapping[str, Any],
                     ckpt_dir: str | None, options: Mapping[str, Any]) -> Any:
-    """The non-malleable path: ``train_fn(ctx, config)`` with a one-rank local context."""
+    """The non-malleable path: ``train_fn(ctx, config)`` with a one-rank local context.
+
+    The trial's ``ckpt_dir`` wins over one in ``options`` (the runner's options for every
+    trial): each trial checkpoints in its own folder, as on the malleable path."""
     from malleparsl.apps.context import TrainContext
 
-    ctx = TrainContext.local(ckpt_dir=ckpt_dir, **dict(options))
+    opts = {k: v for k, v in dict(options).items() if k != "ckpt_dir"}
+    ctx = TrainContext.local(ckpt_dir=ckpt_dir, **opts)
     try:
         return train_fn(ctx, dict(config))
     finally:

@@ -28,6 +28,15 @@ def test_rungs_resume_from_the_checkpoint_and_reach_the_target(tmp_path):
     assert r3["steps"] == 405 and r3["accuracy"] == pytest.approx(r2["accuracy"])
 
 
+def test_a_plain_trial_checkpoints_in_its_own_folder_whatever_the_options_say(tmp_path):
+    """A runner's options for every trial may name a ckpt_dir (the malleable path's per-call
+    folder overrides it); the plain path ran into 'got multiple values for ckpt_dir'."""
+    ck, other = tmp_path / "trial", tmp_path / "shared"
+    r = run_plain_trial(train_digits, {**CFG, "epochs": 1}, str(ck),
+                        {"torch_threads": 1, "ckpt_dir": str(other)})
+    assert r["steps"] > 0 and any(ck.iterdir()) and not other.exists()
+
+
 def test_a_config_without_budget_is_explained():
     with pytest.raises(SpecError, match="'epochs' or 'samples'"):
         total_steps({"batch_size": 32}, 100)

@@ -31,6 +31,10 @@ keeps them there (a shrink pays a pause against ``Tfwd`` of another job's gain),
 node is held, a predictable job measured at its size is capped at the smallest size its
 estimate expects within ``gain_tol`` of the rate it measured there.
 
+**A model's prior is everything its jobs measured** (``pool_priors``, the default since
+session 11): a finished job's estimate becomes its model's prior with the sizes of the prior it
+started from as well as its own, so the sizes measured accumulate from job to job.
+
 A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
 without a usable reading and is retried after an exponential back-off; its probe node-seconds
 count as service, so the other unknown jobs go first.
@@ -97,6 +101,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         gain_tol: float = 0.02,
         adopt_priors: bool = False,
         release_flat: bool = True,
+        pool_priors: bool = True,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -134,6 +139,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         # held to those fewer (docs/jpa.md, session 9; the default since session 10: +1.4
         # points in samples and in progress at 0:512 on tuning seeds it was not designed on)
         self.release_flat = release_flat
+        # a model's prior keeps the sizes every earlier job of it measured, not only the last
+        # job's own (docs/jpa.md, session 11)
+        self.pool_priors = pool_priors
         self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
         self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
@@ -181,8 +189,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         if est is not None and rec.measured_sizes:
             key = profile_key(rec.spec)
             old = self.priors.get(key) if key else None
-            if self.share_priors and key and (old is None or len(est.measured) >= len(old.measured)):
-                self.priors[key] = est  # the better-explored of the two stays
+            pri = self._as_prior(rec, est)
+            if self.share_priors and key and (old is None or len(pri.measured) >= len(old.measured)):
+                self.priors[key] = pri  # the better-explored of the two stays
         self.finished[job_id] = {
             "spec": rec.spec, "estimate": est, "ran_ns": dict(rec.ran_ns),
             "probe_ns": rec.probe_ns, "dropped": rec.dropped_zero,
@@ -387,7 +396,21 @@ class JobProfilingAdvisor(CurveAdvisor):
                 best = r
         if best is None:
             return None
-        return best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
+        est = best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
+        return None if est is None else self._as_prior(best, est)
+
+    def _as_prior(self, rec: JobRecord, est: CurveEstimate) -> CurveEstimate:
+        """A job's estimate as its model's prior.
+
+        With ``pool_priors`` its measured sizes include those of the prior it started from: its
+        estimate was fitted to those points too (scaled to this job's level), so the model's
+        prior accumulates what all its jobs measured. Before, it held only the last job's own
+        sizes: a job that measured 8 and 16 nodes after a prior of 1, 2 and 4 left a prior of
+        two sizes, and a job that measured fewer sizes than the prior left none of its own."""
+        if not self.pool_priors or rec.prior is None or rec.prior_is_user:
+            return est
+        extra = {m for m in rec.prior.measured if m <= est.n_max}
+        return dataclasses.replace(est, measured=tuple(sorted(set(est.measured) | extra)))
 
     def _adopt_prior(self, rec: JobRecord) -> None:
         """A job registered before its model was measured takes the model's prior once one

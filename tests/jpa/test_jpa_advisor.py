@@ -411,3 +411,33 @@ def test_the_audit_does_not_count_the_jpas_release_cap_as_the_jobs_bound():
     snap = ClusterSnapshot(now_s=1e4, nodes=nodes)
     d = audit._score(snap, [view], Allocation({"j": set(nodes[: view.hi])}))
     assert d.best > d.chosen  # the optimum keeps 32 nodes (no pause); the release pays one
+
+
+def _finish_jobs_of_one_model(pool: bool, runs):
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
+    jpa = JobProfilingAdvisor(warmup_obs=0, pool_priors=pool)
+    t = 0.0
+    for name, sizes in runs:
+        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
+        for n in sizes:
+            for _ in range(2):
+                jpa.observe(name, n, truth.rate(n), t)
+                t += 300.0
+        jpa.forget(name)
+    return jpa, truth, t
+
+
+def test_a_models_prior_keeps_the_sizes_all_its_jobs_measured():
+    """A model's prior was the last (better-explored) job's own sizes only: a job that measured
+    8 and 16 nodes after a prior of 1, 2 and 4 left no trace (two sizes < three), and one that
+    measured three other sizes would have erased the first three (session 11: pooled)."""
+    jpa, truth, t = _finish_jobs_of_one_model(True, [("a", [1, 2, 4]), ("b", [8, 16])])
+    assert jpa.priors["bert"].measured == (1, 2, 4, 8, 16)
+    jpa.register(JobSpec("c", max_nodes=16, model="bert"), t)
+    est = jpa.records["c"].estimate(16, default_noise=0.03)
+    for n in (2, 8, 16):
+        assert est.rate(n) == pytest.approx(truth.rate(n), rel=0.05)
+    last, _, _ = _finish_jobs_of_one_model(False, [("a", [1, 2, 4]), ("b", [8, 16])])
+    assert last.priors["bert"].measured == (1, 2, 4)  # the old rule: b's sizes are lost
+    again, _, _ = _finish_jobs_of_one_model(True, [("a", [1, 2, 4]), ("b", [8, 12, 16])])
+    assert again.priors["bert"].measured == (1, 2, 4, 8, 12, 16)

@@ -46,6 +46,13 @@ def run_plain_trial(train_fn: Callable[..., Any], config: Mapping[str, Any],
 
 
 
+def _decorated_options(train_fn: Any) -> dict[str, Any] | None:
+    """A ``@malleable_app``'s own options (None for a plain function)."""
+    from malleparsl.apps.decorator import MalleableApp
+
+    return dict(train_fn.malleable) if isinstance(train_fn, MalleableApp) else None
+
+
 def batch_of(global_batch_of: Callable[[Mapping[str, Any]], int],
              config: Mapping[str, Any]) -> int:
     """``global_batch_of(config)`` checked as the option ``global_batch`` is (a sample count:
@@ -73,7 +80,11 @@ class AppTrialRunner(TrialRunner):
     budget_unit
         ``"epochs"`` or ``"samples"``: the key the budget is passed under.
     min_nodes, max_nodes
-        Size bounds of every trial's malleable job.
+        Size bounds of every trial's malleable job (default 1 and 4). ``train_fn`` may be a
+        ``@malleable_app`` already: its own options are then kept, the runner's
+        ``min_nodes``, ``max_nodes`` and ``options``, where given, override them for every
+        trial, and so does ``rescale_hint_s`` where the app sets no pause of its own; options
+        the app does not know are refused here.
     samples_per_unit
         Samples in one budget unit (an epoch's samples); lets the controller know each job's
         remaining work (``total_samples``). Optional.
@@ -103,8 +114,8 @@ class AppTrialRunner(TrialRunner):
         *,
         train_fn: Callable[..., Any],
         budget_unit: str = "epochs",
-        min_nodes: int = 1,
-        max_nodes: int = 4,
+        min_nodes: int | None = None,
+        max_nodes: int | None = None,
         executor: str = "malleable",
         ckpt_root: str | os.PathLike[str] | None = None,
         samples_per_unit: float | None = None,
@@ -118,6 +129,12 @@ class AppTrialRunner(TrialRunner):
             raise SpecError(f"budget_unit must be 'epochs' or 'samples', got {budget_unit!r}")
         if not callable(train_fn):
             raise SpecError(f"train_fn must be a function (ctx, config) -> metrics, got {train_fn!r}")
+        app_opts = _decorated_options(train_fn) if malleable else None
+        given = {k: v for k, v in (("min_nodes", min_nodes), ("max_nodes", max_nodes))
+                 if v is not None}
+        base = app_opts if app_opts is not None else {"max_nodes": 4}  # a decorated app: its own
+        min_nodes = min_nodes if min_nodes is not None else base.get("min_nodes", 1)
+        max_nodes = max_nodes if max_nodes is not None else base.get("max_nodes", 1)
         if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= max_nodes:
             raise SpecError(
                 f"need integers 1 <= min_nodes <= max_nodes, got min_nodes={min_nodes!r}, "
@@ -135,6 +152,18 @@ class AppTrialRunner(TrialRunner):
                             f"{global_batch_of!r}")
         self.global_batch_of = global_batch_of
         self.malleable = malleable
+        # a @malleable_app train_fn keeps its own options; what the runner was given explicitly
+        # goes with every call (before, a decorated app silently ignored all of it)
+        self._app_call: dict[str, Any] = {}
+        if app_opts is not None:
+            from malleparsl.apps.decorator import validate_options
+
+            self._app_call = {**given, **dict(options or {})}
+            for key in ("rescale_up_s", "rescale_down_s"):
+                if rescale_hint_s is not None and key not in app_opts:
+                    self._app_call.setdefault(key, float(rescale_hint_s))
+            validate_options({**app_opts, **self._app_call}, name=train_fn.__name__,
+                             extra=train_fn.extra_options)
         self._app: Any = None
         self._prev_budget: dict[tuple[str, str], float] = {}
 
@@ -173,5 +202,6 @@ class AppTrialRunner(TrialRunner):
             prev = self._prev_budget.get((stage, s.trial_id), 0.0)
             opts["total_samples"] = max(1.0, (s.budget - prev) * float(self.samples_per_unit))
             self._prev_budget[(stage, s.trial_id)] = s.budget
+        opts = {**self._app_call, **opts}
         log.debug("submit %s (%s) with %s", job_id, cfg, opts)
         return self._app(cfg, malleable_options=opts)

@@ -57,6 +57,30 @@ def test_app_runner_puts_the_budget_in_the_config_and_checks_its_arguments():
         AppTrialRunner(train_fn=train_digits, budget_unit="steps")
 
 
+def test_a_decorated_train_fn_keeps_its_options_and_gets_what_the_runner_was_given():
+    """A @malleable_app passed as train_fn was used as is: the runner's max_nodes, options and
+    rescale hint were dropped without a word (a sweep asked for 8 nodes ran at the app's 1)."""
+    from malleparsl.apps import malleable_app
+
+    app = malleable_app(train_digits, min_nodes=2, max_nodes=16, rescale_up_s=3.0,
+                        extra_options=("note",), executors=["malleable"])
+    calls = []
+    r = AppTrialRunner(train_fn=app, max_nodes=8, options={"torch_threads": 2, "note": "x"})
+    r._app = lambda cfg, malleable_options: calls.append(malleable_options)
+    r._submit("search", Suggestion("t0", {"lr": 0.1}, budget=1), "search-t0-r0", "/tmp/ck")
+    opts = calls[-1]
+    assert (r.min_nodes, r.max_nodes) == (2, 8)
+    assert opts["max_nodes"] == 8 and "min_nodes" not in opts  # the app's own 2 stays
+    assert opts["torch_threads"] == 2 and opts["note"] == "x" and opts["ckpt_dir"] == "/tmp/ck"
+    assert "rescale_up_s" not in opts and opts["rescale_down_s"] == 0.5  # the app set up only
+    own = AppTrialRunner(train_fn=app)
+    assert (own.min_nodes, own.max_nodes) == (2, 16)
+    with pytest.raises(SpecError, match="torch_thread"):
+        AppTrialRunner(train_fn=app, options={"torch_thread": 2})
+    with pytest.raises(SpecError, match="min_nodes <= max_nodes"):
+        AppTrialRunner(train_fn=app, max_nodes=1)
+
+
 class _Recorder:
     """Stands in for the malleable app: keeps the options each call would submit with."""
 

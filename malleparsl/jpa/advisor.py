@@ -387,17 +387,27 @@ class JobProfilingAdvisor(CurveAdvisor):
         own = {k: float(np.mean(x)) for k, x in rec.obs.items() if x}
         return self.shapes.posterior(own, n_tab, exclude=profile_key(rec.spec))
 
-    def _live_prior(self, key: str) -> CurveEstimate | None:
-        """A running job of the same model, the best explored one, as a prior (None if none)."""
+    def _live_prior(
+        self, key: str, *, exclude: JobRecord | None = None, more_than: int = 0
+    ) -> CurveEstimate | None:
+        """A running job of the same model, the best explored one, as a prior (None if none,
+        or if it would know no more than ``more_than`` sizes: its estimate is not computed)."""
         best = None
         for r in self.records.values():
-            if profile_key(r.spec) == key and r.obs and (
+            if r is not exclude and profile_key(r.spec) == key and r.obs and (
                     best is None or len(r.measured_sizes) > len(best.measured_sizes)):
                 best = r
-        if best is None:
+        if best is None or len(self._prior_sizes(best)) <= more_than:
             return None
         est = best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
         return None if est is None else self._as_prior(best, est)
+
+    def _prior_sizes(self, rec: JobRecord) -> set[int]:
+        """The sizes ``rec``'s estimate as a prior would mark measured (see ``_as_prior``)."""
+        own = set(rec.measured_sizes)
+        if self.pool_priors and rec.prior is not None and not rec.prior_is_user:
+            own |= set(rec.prior.measured)
+        return own
 
     def _as_prior(self, rec: JobRecord, est: CurveEstimate) -> CurveEstimate:
         """A job's estimate as its model's prior.
@@ -417,24 +427,21 @@ class JobProfilingAdvisor(CurveAdvisor):
         exists (a finished job's, else the best explored running one's), and a better explored
         one later: jobs of one model submitted together are probed once, not once each.
 
-        Only while the prior knows more sizes than the job measured itself; a user's curve is
-        never replaced. Measured on the zoo at 0:512: the first idle nodes met 10 queued jobs
-        of 5 models, 4 of one model, each probed at one node in turn.
+        Only while the prior knows more sizes than the job (its own and its prior's); a user's
+        curve is never replaced. Measured on the zoo at 0:512: the first idle nodes met 10 queued
+        jobs of 5 models, 4 of one model, each probed at one node in turn.
         """
         key = profile_key(rec.spec)
         if rec.prior_is_user or not key:
             return
-        have = len(rec.prior.measured) if rec.prior is not None else 0
+        have = max(len(rec.prior.measured) if rec.prior is not None else 0,
+                   len(rec.measured_sizes))
         cand = self.priors.get(key)
-        donor = None
-        for r in self.records.values():
-            if (r is not rec and profile_key(r.spec) == key and r.obs
-                    and len(r.measured_sizes) > max(have, len(cand.measured) if cand else 0)
-                    and (donor is None or len(r.measured_sizes) > len(donor.measured_sizes))):
-                donor = r
-        if donor is not None:
-            cand = donor.estimate(max(donor.spec.max_nodes, 1), default_noise=self.default_noise)
-        if cand is None or len(cand.measured) <= max(have, len(rec.measured_sizes)):
+        best = max(have, len(cand.measured) if cand is not None else 0)
+        live = self._live_prior(key, exclude=rec, more_than=best)
+        if live is not None and len(live.measured) > best:
+            cand = live
+        if cand is None or len(cand.measured) <= have:
             return
         rec.prior = cand
         if rec.probe is not None and not rec.obs:

@@ -441,3 +441,30 @@ def test_a_models_prior_keeps_the_sizes_all_its_jobs_measured():
     assert last.priors["bert"].measured == (1, 2, 4)  # the old rule: b's sizes are lost
     again, _, _ = _finish_jobs_of_one_model(True, [("a", [1, 2, 4]), ("b", [8, 12, 16])])
     assert again.priors["bert"].measured == (1, 2, 4, 8, 12, 16)
+
+
+def test_a_queued_job_adopts_the_pooled_prior_of_a_running_job():
+    """``adopt_priors``: a job queued before its model was measured takes the best prior there
+    is. A running job that started from a finished job's prior (1, 2, 4 nodes) and measured 8
+    and 16 itself knows five sizes, not two: before session 12 its own two lost to the three."""
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
+    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=True)
+    jpa.register(JobSpec("queued", max_nodes=16, model="bert"), 0.0)
+    t = 0.0
+    for name, sizes in (("done", [1, 2, 4]), ("running", [8, 16])):
+        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
+        for n in sizes:
+            for _ in range(2):
+                jpa.observe(name, n, truth.rate(n), t)
+                t += 300.0
+    jpa.forget("done")
+    assert jpa.records["running"].prior.measured == (1, 2, 4)
+    queued = jpa.records["queued"]
+    assert queued.prior is None
+    jpa._adopt_prior(queued)
+    assert queued.prior.measured == (1, 2, 4, 8, 16)
+    est = queued.estimate(16, default_noise=0.03)
+    for n in (2, 8, 16):
+        assert est.rate(n) == pytest.approx(truth.rate(n), rel=0.05)
+    jpa._adopt_prior(jpa.records["running"])  # a job never adopts its own estimate
+    assert jpa.records["running"].prior.measured == (1, 2, 4)

@@ -89,7 +89,7 @@ def _ctl(n_nodes=8):
     from malleparsl.controller import Controller
     from malleparsl.jpa import ProbeFirst
 
-    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=True)
+    jpa = JobProfilingAdvisor(warmup_obs=0)  # adopt_priors is the default
     ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
     ctl.add_nodes([f"n{i:02d}" for i in range(n_nodes)], now_s=0)
     return jpa, ctl
@@ -120,7 +120,7 @@ def test_without_adopt_priors_queued_jobs_are_probed_on_their_own():
     from malleparsl.controller import Controller
     from malleparsl.jpa import ProbeFirst
 
-    jpa = JobProfilingAdvisor(warmup_obs=0)
+    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=False)
     ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
     ctl.add_nodes([f"n{i:02d}" for i in range(8)], now_s=0)
     for j in ("a", "b"):

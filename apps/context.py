@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -180,9 +180,17 @@ class TrainContext:
         return ctx
 
     @classmethod
-    def local(cls, *, ckpt_dir: str | None = None, **options: Any) -> TrainContext:
-        """A one-rank context without a store or process group (debugging, notebooks)."""
-        return cls(ckpt_dir=ckpt_dir, options=options)
+    def local(
+        cls, *, ckpt_dir: str | None = None, options: Mapping[str, Any] | None = None,
+        **more: Any,
+    ) -> TrainContext:
+        """A one-rank context without a store or process group (debugging, notebooks).
+
+        ``options`` (a job's malleable options) and ``more`` are its options; a ``ckpt_dir``
+        among them is dropped: this run checkpoints in ``ckpt_dir`` (a job's own folder belongs
+        to its live ranks, and a trial's to the trial)."""
+        opts = {k: v for k, v in {**(options or {}), **more}.items() if k != "ckpt_dir"}
+        return cls(ckpt_dir=ckpt_dir, options=opts)
 
     def close(self) -> None:
         """Leave the process group (unblocks peers) and restore global torch settings."""

@@ -104,10 +104,9 @@ class RankEntry:
         ``options`` are the malleable options the ranks would see (``torch_threads``, ...).
         """
         kwargs.pop(RESOURCE_SPEC_KW, None)
-        # the job's own ckpt_dir is not this run's: a local run writing there would leave
-        # checkpoints of another writer in the live job's folder; it checkpoints where told
-        opts = {k: v for k, v in (options or {}).items() if k != "ckpt_dir"}
-        ctx = TrainContext.local(ckpt_dir=ckpt_dir, **opts)
+        # the job's own ckpt_dir is not this run's (TrainContext.local drops it): a local run
+        # writing there would leave checkpoints of another writer in the live job's folder
+        ctx = TrainContext.local(ckpt_dir=ckpt_dir, options=options)
         try:
             return self.user_fn(ctx, *args, **kwargs)
         finally:

@@ -37,8 +37,7 @@ def run_plain_trial(train_fn: Callable[..., Any], config: Mapping[str, Any],
     trial): each trial checkpoints in its own folder, as on the malleable path."""
     from malleparsl.apps.context import TrainContext
 
-    opts = {k: v for k, v in dict(options).items() if k != "ckpt_dir"}
-    ctx = TrainContext.local(ckpt_dir=ckpt_dir, **opts)
+    ctx = TrainContext.local(ckpt_dir=ckpt_dir, options=options)
     try:
         return train_fn(ctx, dict(config))
     finally:

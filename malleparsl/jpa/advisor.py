@@ -135,8 +135,9 @@ class JobProfilingAdvisor(CurveAdvisor):
             raise SpecError(f"gain_tol must be a number in [0, 1), got {gain_tol!r}")
         self.gain_tol = gain_tol
         # jobs queued before their model was measured take its prior once one exists (the
-        # default since session 12: +0.8 / +1.6 points in progress at 0:512, tuned / held-out
-        # families, neutral at 0:128; docs/jpa.md "Session 12")
+        # default since session 12: +1.2 / +1.4 points in progress at 0:512 on runs no rule was
+        # tuned on, tuned families' seeds 4-11 / held-out families; neutral at 0:128 and -0.1
+        # on the tuning seeds 0-3; docs/jpa.md "Session 12")
         self.adopt_priors = adopt_priors
         # with no idle node, a job measured at its size and expected as fast on fewer nodes is
         # held to those fewer (docs/jpa.md, session 9; the default since session 10: +1.4
@@ -405,12 +406,15 @@ class JobProfilingAdvisor(CurveAdvisor):
         est = best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
         return None if est is None else self._as_prior(best, est)
 
+    def _inherited(self, rec: JobRecord) -> set[int]:
+        """The sizes ``rec``'s prior measured that its own prior carries on (``_as_prior``)."""
+        if not self.pool_priors or rec.prior is None or rec.prior_is_user:
+            return set()
+        return set(rec.prior.measured)
+
     def _prior_sizes(self, rec: JobRecord) -> set[int]:
-        """The sizes ``rec``'s estimate as a prior would mark measured (see ``_as_prior``)."""
-        own = set(rec.measured_sizes)
-        if self.pool_priors and rec.prior is not None and not rec.prior_is_user:
-            own |= set(rec.prior.measured)
-        return own
+        """At most the sizes ``rec``'s estimate as a prior marks measured, without fitting it."""
+        return set(rec.measured_sizes) | self._inherited(rec)
 
     def _as_prior(self, rec: JobRecord, est: CurveEstimate) -> CurveEstimate:
         """A job's estimate as its model's prior.
@@ -420,9 +424,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         prior accumulates what all its jobs measured. Before, it held only the last job's own
         sizes: a job that measured 8 and 16 nodes after a prior of 1, 2 and 4 left a prior of
         two sizes, and a job that measured fewer sizes than the prior left none of its own."""
-        if not self.pool_priors or rec.prior is None or rec.prior_is_user:
+        extra = {m for m in self._inherited(rec) if m <= est.n_max}
+        if not extra:
             return est
-        extra = {m for m in rec.prior.measured if m <= est.n_max}
         return dataclasses.replace(est, measured=tuple(sorted(set(est.measured) | extra)))
 
     def _adopt_prior(self, rec: JobRecord) -> None:

@@ -395,13 +395,17 @@ class JobProfilingAdvisor(CurveAdvisor):
         self, key: str, *, exclude: JobRecord | None = None, more_than: int = 0
     ) -> CurveEstimate | None:
         """A running job of the same model, the best explored one, as a prior (None if none,
-        or if it would know no more than ``more_than`` sizes: its estimate is not computed)."""
-        best = None
-        for r in self.records.values():
-            if r is not exclude and profile_key(r.spec) == key and r.obs and (
-                    best is None or len(r.measured_sizes) > len(best.measured_sizes)):
-                best = r
-        if best is None or len(self._prior_sizes(best)) <= more_than:
+        or if it would know no more than ``more_than`` sizes: its estimate is not computed).
+
+        Best explored counts the sizes its prior carries on too (``_prior_sizes``), as the
+        prior it gives will: by its own sizes alone, a job that measured 1, 2 and 3 nodes beat
+        one that measured 8 and 16 after starting from those three."""
+        cands = [(len(self._prior_sizes(r)), r) for r in self.records.values()
+                 if r is not exclude and profile_key(r.spec) == key and r.obs]
+        if not cands:
+            return None
+        n, best = max(cands, key=lambda c: c[0])  # the first of equals, as before
+        if n <= more_than:
             return None
         est = best.estimate(max(best.spec.max_nodes, 1), default_noise=self.default_noise)
         return None if est is None else self._as_prior(best, est)

@@ -468,3 +468,23 @@ def test_a_queued_job_adopts_the_pooled_prior_of_a_running_job():
         assert est.rate(n) == pytest.approx(truth.rate(n), rel=0.05)
     jpa._adopt_prior(jpa.records["running"])  # a job never adopts its own estimate
     assert jpa.records["running"].prior.measured == (1, 2, 4)
+
+
+def test_the_running_donor_is_the_one_whose_prior_knows_most_sizes():
+    """Of two running jobs of a model, a new job starts from the one whose prior would know
+    more sizes, its inherited ones included: "deep" measured 8 and 16 after starting from
+    "wide"'s 1, 2 and 3. Before session 13 "wide" won on its own three sizes against two."""
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    t = 0.0
+    for name, sizes in (("wide", [1, 2, 3]), ("deep", [8, 16])):
+        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
+        for n in sizes:
+            for _ in range(2):
+                jpa.observe(name, n, truth.rate(n), t)
+                t += 300.0
+    assert jpa.records["deep"].prior.measured == (1, 2, 3)
+    jpa.register(JobSpec("new", max_nodes=16, model="bert"), t)
+    assert jpa.records["new"].prior.measured == (1, 2, 3, 8, 16)
+    assert jpa.records["new"].estimate(16, default_noise=0.03).rate(16) == pytest.approx(
+        truth.rate(16), rel=0.05)

@@ -34,7 +34,11 @@ estimate expects within ``gain_tol`` of the rate it measured there.
 
 **A model's prior is everything its jobs measured** (``pool_priors``, the default since
 session 11): a finished job's estimate becomes its model's prior with the sizes of the prior it
-started from as well as its own, so the sizes measured accumulate from job to job.
+started from as well as its own, so the sizes measured accumulate from job to job. **And a
+running job's prior is what the model's other jobs measured so far** (``share_readings``, the
+default since session 13): the other running jobs' readings, at one level, with the finished
+jobs' prior, refitted whenever one of them reads a new rate, so jobs of one model running at
+once pool what each explores instead of learning alone until one finishes.
 
 A job that never reports, or reports only zeros, fails its probe once ``probe_timeout_s`` pass
 without a usable reading and is retried after an exponential back-off; its probe node-seconds
@@ -53,7 +57,8 @@ import numpy as np
 from malleparsl.allocator.base import ClusterSnapshot, JobView
 from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
-from malleparsl.jpa.estimate import CurveEstimate
+from malleparsl.jpa.estimate import CurveEstimate, ground_truth, merge, prior_level, scaled_prior
+from malleparsl.jpa.estimate import estimate as fit_estimate
 from malleparsl.jpa.explore import ShapePrior, choose_next_size
 from malleparsl.jpa.knowledge import JobRecord, Probe
 from malleparsl.model import Allocation, JobSpec, ScalingCurve
@@ -103,6 +108,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         adopt_priors: bool = True,
         release_flat: bool = True,
         pool_priors: bool = True,
+        share_readings: bool = True,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -146,6 +152,11 @@ class JobProfilingAdvisor(CurveAdvisor):
         # a model's prior keeps the sizes every earlier job of it measured, not only the last
         # job's own (docs/jpa.md, session 11)
         self.pool_priors = pool_priors
+        # every running job's prior is its model's readings so far, the other running jobs' and
+        # the finished jobs', not a snapshot of one job's (the default since session 13; out of
+        # sample, 0:512 seeds 4-11: +1.1 points in samples, +0.1 in progress; docs/jpa.md)
+        self.share_readings = share_readings
+        self._pools: dict[tuple[str, str], tuple[tuple, CurveEstimate]] = {}
         self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
         self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
@@ -184,6 +195,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         rec = self.records.pop(job_id, None)
         self._last_pred.pop(job_id, None)
         self._placeholders.pop(job_id, None)
+        for k in [k for k in self._pools if k[1] == job_id]:
+            del self._pools[k]
         if rec is None:
             return
         a, b = rec.noise_sums()
@@ -250,9 +263,10 @@ class JobProfilingAdvisor(CurveAdvisor):
                 self.register(js.spec, now)
             recs.append(self.records[js.spec.job_id])
             self._offer_shape(recs[-1])
-        if self.share_priors and self.adopt_priors:
+        if self.share_priors and (self.adopt_priors or self.share_readings):
             for rec in recs:
-                self._adopt_prior(rec)
+                if not (self.share_readings and self._share_readings(rec)) and self.adopt_priors:
+                    self._adopt_prior(rec)
         # the sizes a job learnt it runs at (Controller.limit_sizes: a fixed FSDP2 plan whose
         # batch does not split at min_nodes): a probe there would never be placed nor time out
         runs = {js.spec.job_id: js.node_sizes for js in jobs
@@ -459,6 +473,67 @@ class JobProfilingAdvisor(CurveAdvisor):
             rec.probe = None  # predictable now: its nodes go where the plan says
         rec.version += 1  # the estimate and the planning curve are recomputed
         rec.plan_cache.clear()
+
+    def _share_readings(self, rec: JobRecord) -> bool:
+        """``rec``'s prior becomes its model's pooled readings (``_pooled_prior``) whenever they
+        change: what a job of the model measures now is known to the others at the next replan,
+        not when it finishes, nor only when one job knows more sizes than another."""
+        key = profile_key(rec.spec)
+        if rec.prior_is_user or not key:
+            return False
+        pool = self._pooled_prior(key, rec)
+        if pool is None:
+            return False  # no other running job of the model measured anything
+        if pool is rec.prior:
+            return True
+        rec.prior = pool
+        # the pool's points are other jobs' readings, each size measured as a probe measures
+        # it: weighed as a probe's readings (max_obs), not as a finished job's fitted curve
+        rec.prior_weight = float(self.max_obs)
+        if rec.probe is not None and not rec.obs:
+            rec.probe = None  # predictable now: its nodes go where the plan says
+        rec.version += 1
+        rec.plan_cache.clear()
+        return True
+
+    def _pooled_prior(self, key: str, rec: JobRecord) -> CurveEstimate | None:
+        """Every reading of the model but ``rec``'s own, as one prior (None: no other running
+        job of the model has readings; the finished jobs' prior stands).
+
+        The running jobs' readings are scaled to the level of the one with most readings (jobs
+        of one key may differ in batch size: ``prior_level``), the finished jobs' prior too;
+        cached until one of them changes, so an unchanged pool is the same object."""
+        sibs = [r for r in self.records.values()
+                if r is not rec and r.obs and profile_key(r.spec) == key]
+        if not sibs:
+            return None
+        fin = self.priors.get(key)
+        noise = self._noise if self._noise is not None else self.default_noise
+        # their readings, not their priors (a prior from this pool must not make it new again),
+        # nor the monitor's noise, which every reading of any job moves
+        stamp = (tuple((r.order, r.readings) for r in sibs), id(fin))
+        hit = self._pools.get((key, rec.job_id))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        sibs.sort(key=lambda r: (-sum(map(len, r.obs.values())), r.order))
+        ref, n_max = sibs[0], max(max(r.spec.max_nodes for r in sibs), 1)
+        ref_pts = ref.samples()
+        pts = ref_pts
+        ref_est = ref.estimate(n_max, default_noise=self.default_noise)
+        for r in sibs[1:]:
+            own = r.samples()
+            level = prior_level(ref_est, own, noise_rel=noise) if ref_est is not None else 1.0
+            pts = merge(pts, dataclasses.replace(own, rates=own.rates / level))
+        if fin is not None:
+            pts = merge(pts, scaled_prior(fin, ref_pts, weight=self.prior_weight, noise_rel=noise))
+        est = fit_estimate(pts, n_max=n_max, noise_rel=noise)
+        if self.robust:  # measured points win over a fit that misses them, as in a job's own
+            est = ground_truth(est, pts, noise_rel=noise, check=pts)
+        # measured: the sizes some job read (the siblings' priors hold this job's own sizes)
+        sizes = {int(m) for m in pts.nodes if m <= n_max}
+        est = dataclasses.replace(est, measured=tuple(sorted(sizes)))
+        self._pools[(key, rec.job_id)] = (stamp, est)
+        return est
 
     def _nearly_done(self, rec: JobRecord) -> bool:
         """Whether the job's remaining work, at the best rate it measured, is shorter than

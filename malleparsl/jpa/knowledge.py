@@ -61,6 +61,7 @@ class JobRecord:
     last_n: int | None = None
     skip_left: int = 0
     version: int = 0
+    readings: int = 0  # kept readings so far (version also counts prior changes)
     attained_ns: float = 0.0
     done_est: float = 0.0  # samples trained, integrated from the rates measured or predicted
     done_reported: float | None = None  # samples trained, as the controller last reported (None: no report)
@@ -94,6 +95,7 @@ class JobRecord:
             return False
         self.obs.setdefault(n, deque(maxlen=self.window)).append(float(rate))
         self.version += 1
+        self.readings += 1
         self.last_obs_s = now_s
         return True
 

@@ -488,3 +488,48 @@ def test_the_running_donor_is_the_one_whose_prior_knows_most_sizes():
     assert jpa.records["new"].prior.measured == (1, 2, 3, 8, 16)
     assert jpa.records["new"].estimate(16, default_noise=0.03).rate(16) == pytest.approx(
         truth.rate(16), rel=0.05)
+
+
+def test_share_readings_gives_each_running_job_the_others_readings():
+    """``share_readings``: two running jobs of a model measured different sizes; each one's
+    prior is the other's readings (and a new job's is both), not what one knew at its start.
+    The second job trains at half the rate (another batch size): its readings join the pool
+    at the first one's level, so the first is not pulled down, and a job at its level gets a
+    prior at its level."""
+    truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
+    jpa = JobProfilingAdvisor(warmup_obs=0, share_readings=True)
+    t = 0.0
+    for name, sizes, level in (("a", [1, 2, 4], 1.0), ("b", [4, 8, 16], 0.5)):
+        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
+        for n in sizes:
+            for _ in range(2):
+                jpa.observe(name, n, level * truth.rate(n), t)
+                t += 300.0
+    a, b = jpa.records["a"], jpa.records["b"]
+    assert jpa._share_readings(a) and jpa._share_readings(b)
+    assert (a.prior.measured, b.prior.measured) == ((4, 8, 16), (1, 2, 4))  # the others' sizes
+    jpa.register(JobSpec("c", max_nodes=16, model="bert"), t)
+    assert jpa._share_readings(jpa.records["c"])
+    assert jpa.records["c"].prior.measured == (1, 2, 4, 8, 16)
+    for n in (8, 16):  # a never ran there: b's readings, at a's level
+        assert a.estimate(16, default_noise=0.03).rate(n) == pytest.approx(truth.rate(n), rel=0.05)
+    for n in (1, 2):  # b never ran there: a's readings, at b's level
+        assert b.estimate(16, default_noise=0.03).rate(n) == pytest.approx(
+            0.5 * truth.rate(n), rel=0.05)
+    pool = a.prior
+    assert jpa._share_readings(a) and a.prior is pool  # unchanged readings: the same prior
+    jpa.observe("b", 12, 0.5 * truth.rate(12), t)
+    assert jpa._share_readings(a) and 12 in a.prior.measured  # a new size reaches a at once
+    jpa.forget("b")
+    assert not jpa._share_readings(a)  # nobody else runs: a keeps what it had
+    assert not any(k[1] == "b" for k in jpa._pools)
+
+
+def test_share_readings_never_replaces_a_users_curve():
+    user = ScalingCurve.amdahl(rate1=50.0, parallel_fraction=0.5, max_nodes=8)
+    jpa = JobProfilingAdvisor(warmup_obs=0, share_readings=True)
+    jpa.register(JobSpec("mine", max_nodes=8, model="bert", curve=user), 0.0)
+    jpa.register(JobSpec("other", max_nodes=8, model="bert"), 0.0)
+    jpa.observe("other", 2, 180.0, 0.0)
+    assert not jpa._share_readings(jpa.records["mine"])
+    assert jpa.records["mine"].prior_is_user

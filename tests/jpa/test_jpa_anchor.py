@@ -120,7 +120,7 @@ def test_without_adopt_priors_queued_jobs_are_probed_on_their_own():
     from malleparsl.controller import Controller
     from malleparsl.jpa import ProbeFirst
 
-    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=False)
+    jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=False, share_readings=False)
     ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
     ctl.add_nodes([f"n{i:02d}" for i in range(8)], now_s=0)
     for j in ("a", "b"):
@@ -155,3 +155,29 @@ def test_a_better_explored_prior_replaces_a_thinner_one_but_never_a_users_curve(
     assert set(b.prior.measured) >= {1, 2, 4}
     assert jpa.records["u"].prior_is_user
     np.testing.assert_allclose(jpa.records["u"].prior.mean[[1, 2, 4, 8]], user.rates)
+
+
+def test_share_readings_tells_a_running_job_what_another_measures_now():
+    """Two jobs of one model run at once; "b" reads at 2, then at 4 nodes, sizes "a" never
+    ran: with ``share_readings`` each replan gives "a" a prior of b's readings so far."""
+    from malleparsl.controller import Controller
+    from malleparsl.jpa import ProbeFirst
+
+    jpa = JobProfilingAdvisor(warmup_obs=0, share_readings=True)
+    ctl = Controller(policy=ProbeFirst(advisor=jpa, inner="milp"), advisor=jpa)
+    ctl.add_nodes([f"n{i:02d}" for i in range(8)], now_s=0)
+    for j in ("a", "b"):
+        ctl.submit(JobSpec(j, max_nodes=8, model="bert", total_samples=1e12), now_s=0)
+    ctl.replan(now_s=0)
+    t = 10.0
+    for job, n, rate in (("a", 1, 100.0), ("a", 1, 100.0), ("b", 2, 190.0), ("b", 2, 190.0)):
+        jpa.observe(job, n, rate, t)
+        t += 300.0
+    ctl.replan(now_s=t)
+    a = jpa.records["a"]
+    assert a.prior.measured == (2,)
+    jpa.observe("b", 4, 360.0, t)
+    jpa.observe("b", 4, 360.0, t + 300.0)
+    ctl.replan(now_s=t + 310.0)
+    assert a.prior.measured == (2, 4)
+    assert a.estimate(8, default_noise=0.03).rate(4) == pytest.approx(360.0, rel=0.05)

@@ -154,7 +154,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         self.pool_priors = pool_priors
         # every running job's prior is its model's readings so far, the other running jobs' and
         # the finished jobs', not a snapshot of one job's (the default since session 13; out of
-        # sample, 0:512 seeds 4-11: +1.1 points in samples, +0.1 in progress; docs/jpa.md)
+        # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa.md)
         self.share_readings = share_readings
         self._pools: dict[tuple[str, str], tuple[tuple, CurveEstimate]] = {}
         self._released: dict[str, int] = {}

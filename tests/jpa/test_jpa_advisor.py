@@ -443,6 +443,18 @@ def test_a_models_prior_keeps_the_sizes_all_its_jobs_measured():
     assert again.priors["bert"].measured == (1, 2, 4, 8, 12, 16)
 
 
+def _register_and_read(jpa, truth, plan, *, t=0.0):
+    """Register each ``(name, sizes[, level])`` in turn and read it twice at every size, at
+    ``level`` x the truth (1 by default); returns the time after the last reading."""
+    for name, sizes, *level in plan:
+        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
+        for n in sizes:
+            for _ in range(2):
+                jpa.observe(name, n, (level[0] if level else 1.0) * truth.rate(n), t)
+                t += 300.0
+    return t
+
+
 def test_a_queued_job_adopts_the_pooled_prior_of_a_running_job():
     """``adopt_priors``: a job queued before its model was measured takes the best prior there
     is. A running job that started from a finished job's prior (1, 2, 4 nodes) and measured 8
@@ -450,13 +462,7 @@ def test_a_queued_job_adopts_the_pooled_prior_of_a_running_job():
     truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
     jpa = JobProfilingAdvisor(warmup_obs=0, adopt_priors=True)
     jpa.register(JobSpec("queued", max_nodes=16, model="bert"), 0.0)
-    t = 0.0
-    for name, sizes in (("done", [1, 2, 4]), ("running", [8, 16])):
-        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
-        for n in sizes:
-            for _ in range(2):
-                jpa.observe(name, n, truth.rate(n), t)
-                t += 300.0
+    _register_and_read(jpa, truth, [("done", [1, 2, 4]), ("running", [8, 16])])
     jpa.forget("done")
     assert jpa.records["running"].prior.measured == (1, 2, 4)
     queued = jpa.records["queued"]
@@ -476,13 +482,7 @@ def test_the_running_donor_is_the_one_whose_prior_knows_most_sizes():
     "wide"'s 1, 2 and 3. Before session 13 "wide" won on its own three sizes against two."""
     truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
     jpa = JobProfilingAdvisor(warmup_obs=0)
-    t = 0.0
-    for name, sizes in (("wide", [1, 2, 3]), ("deep", [8, 16])):
-        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
-        for n in sizes:
-            for _ in range(2):
-                jpa.observe(name, n, truth.rate(n), t)
-                t += 300.0
+    t = _register_and_read(jpa, truth, [("wide", [1, 2, 3]), ("deep", [8, 16])])
     assert jpa.records["deep"].prior.measured == (1, 2, 3)
     jpa.register(JobSpec("new", max_nodes=16, model="bert"), t)
     assert jpa.records["new"].prior.measured == (1, 2, 3, 8, 16)
@@ -498,13 +498,7 @@ def test_share_readings_gives_each_running_job_the_others_readings():
     prior at its level."""
     truth = ScalingCurve.amdahl(rate1=100.0, parallel_fraction=0.95, max_nodes=16)
     jpa = JobProfilingAdvisor(warmup_obs=0, share_readings=True)
-    t = 0.0
-    for name, sizes, level in (("a", [1, 2, 4], 1.0), ("b", [4, 8, 16], 0.5)):
-        jpa.register(JobSpec(name, max_nodes=16, model="bert"), t)
-        for n in sizes:
-            for _ in range(2):
-                jpa.observe(name, n, level * truth.rate(n), t)
-                t += 300.0
+    t = _register_and_read(jpa, truth, [("a", [1, 2, 4]), ("b", [4, 8, 16], 0.5)])
     a, b = jpa.records["a"], jpa.records["b"]
     assert jpa._share_readings(a) and jpa._share_readings(b)
     assert (a.prior.measured, b.prior.measured) == ((4, 8, 16), (1, 2, 4))  # the others' sizes

@@ -156,7 +156,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         # the finished jobs', not a snapshot of one job's (the default since session 13; out of
         # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa.md)
         self.share_readings = share_readings
-        self._pools: dict[tuple[str, str], tuple[tuple, CurveEstimate]] = {}
+        self._pools: dict[str, tuple[tuple, CurveEstimate]] = {}  # job -> (stamp, its pool)
         self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
         self.shapes: ShapePrior | None = ShapePrior() if shape_prior else None
@@ -195,8 +195,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         rec = self.records.pop(job_id, None)
         self._last_pred.pop(job_id, None)
         self._placeholders.pop(job_id, None)
-        for k in [k for k in self._pools if k[1] == job_id]:
-            del self._pools[k]
+        self._pools.pop(job_id, None)
         if rec is None:
             return
         a, b = rec.noise_sums()
@@ -468,7 +467,12 @@ class JobProfilingAdvisor(CurveAdvisor):
             cand = live
         if cand is None or len(cand.measured) <= have:
             return
-        rec.prior = cand
+        self._set_prior(rec, cand)
+
+    @staticmethod
+    def _set_prior(rec: JobRecord, prior: CurveEstimate) -> None:
+        """``rec`` plans from ``prior`` now (adopted or shared); a pending first probe is off."""
+        rec.prior = prior
         if rec.probe is not None and not rec.obs:
             rec.probe = None  # predictable now: its nodes go where the plan says
         rec.version += 1  # the estimate and the planning curve are recomputed
@@ -486,14 +490,10 @@ class JobProfilingAdvisor(CurveAdvisor):
             return False  # no other running job of the model measured anything
         if pool is rec.prior:
             return True
-        rec.prior = pool
         # the pool's points are other jobs' readings, each size measured as a probe measures
         # it: weighed as a probe's readings (max_obs), not as a finished job's fitted curve
         rec.prior_weight = float(self.max_obs)
-        if rec.probe is not None and not rec.obs:
-            rec.probe = None  # predictable now: its nodes go where the plan says
-        rec.version += 1
-        rec.plan_cache.clear()
+        self._set_prior(rec, pool)
         return True
 
     def _pooled_prior(self, key: str, rec: JobRecord) -> CurveEstimate | None:
@@ -512,7 +512,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         # their readings, not their priors (a prior from this pool must not make it new again),
         # nor the monitor's noise, which every reading of any job moves
         stamp = (tuple((r.order, r.readings) for r in sibs), id(fin))
-        hit = self._pools.get((key, rec.job_id))
+        hit = self._pools.get(rec.job_id)
         if hit is not None and hit[0] == stamp:
             return hit[1]
         sibs.sort(key=lambda r: (-sum(map(len, r.obs.values())), r.order))
@@ -532,7 +532,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         # measured: the sizes some job read (the siblings' priors hold this job's own sizes)
         sizes = {int(m) for m in pts.nodes if m <= n_max}
         est = dataclasses.replace(est, measured=tuple(sorted(sizes)))
-        self._pools[(key, rec.job_id)] = (stamp, est)
+        self._pools[rec.job_id] = (stamp, est)
         return est
 
     def _nearly_done(self, rec: JobRecord) -> bool:

@@ -516,7 +516,7 @@ def test_share_readings_gives_each_running_job_the_others_readings():
     assert jpa._share_readings(a) and 12 in a.prior.measured  # a new size reaches a at once
     jpa.forget("b")
     assert not jpa._share_readings(a)  # nobody else runs: a keeps what it had
-    assert not any(k[1] == "b" for k in jpa._pools)
+    assert "b" not in jpa._pools
 
 
 def test_share_readings_never_replaces_a_users_curve():

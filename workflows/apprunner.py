@@ -142,10 +142,10 @@ class AppTrialRunner(TrialRunner):
         self.train_fn, self.budget_unit = train_fn, budget_unit
         self.min_nodes, self.max_nodes, self.executor = min_nodes, max_nodes, executor
         self.samples_per_unit = samples_per_unit
-        self.options = dict(options or {})
-        if rescale_hint_s is not None:
-            self.options.setdefault("rescale_up_s", float(rescale_hint_s))
-            self.options.setdefault("rescale_down_s", float(rescale_hint_s))
+        # the expected pause, where the options (or a decorated app's own) set none
+        hint = ({k: float(rescale_hint_s) for k in ("rescale_up_s", "rescale_down_s")}
+                if rescale_hint_s is not None else {})
+        self.options = {**hint, **dict(options or {})}
         if global_batch_of is not None and not callable(global_batch_of):
             raise SpecError(f"global_batch_of must be a function config -> global batch, got "
                             f"{global_batch_of!r}")
@@ -157,10 +157,8 @@ class AppTrialRunner(TrialRunner):
         if app_opts is not None:
             from malleparsl.apps.decorator import validate_options
 
-            self._app_call = {**given, **dict(options or {})}
-            for key in ("rescale_up_s", "rescale_down_s"):
-                if rescale_hint_s is not None and key not in app_opts:
-                    self._app_call.setdefault(key, float(rescale_hint_s))
+            self._app_call = {**{k: v for k, v in hint.items() if k not in app_opts},
+                              **given, **dict(options or {})}
             validate_options({**app_opts, **self._app_call}, name=train_fn.__name__,
                              extra=train_fn.extra_options)
         self._app: Any = None

@@ -61,6 +61,7 @@ from malleparsl.jpa.estimate import CurveEstimate, ground_truth, merge, prior_le
 from malleparsl.jpa.estimate import estimate as fit_estimate
 from malleparsl.jpa.explore import ShapePrior, choose_next_size
 from malleparsl.jpa.knowledge import JobRecord, Probe
+from malleparsl.jpa.models import Samples
 from malleparsl.model import Allocation, JobSpec, ScalingCurve
 
 log = logging.getLogger(__name__)
@@ -501,7 +502,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         job of the model has readings; the finished jobs' prior stands).
 
         The running jobs' readings are scaled to the level of the one with most readings (jobs
-        of one key may differ in batch size: ``prior_level``), the finished jobs' prior too;
+        of one key may differ in batch size: ``prior_level``), measured at the sizes both read
+        (a job that shares none is taken at that level), the finished jobs' prior too;
         cached until one of them changes, so an unchanged pool is the same object."""
         sibs = [r for r in self.records.values()
                 if r is not rec and r.obs and profile_key(r.spec) == key]
@@ -522,7 +524,12 @@ class JobProfilingAdvisor(CurveAdvisor):
         ref_est = ref.estimate(n_max, default_noise=self.default_noise)
         for r in sibs[1:]:
             own = r.samples()
-            level = prior_level(ref_est, own, noise_rel=noise) if ref_est is not None else 1.0
+            # its level where both read: between the reference's sizes its curve is a guess (a
+            # reference read at 1 and 10 nodes, interpolated through a two-node dip, took a
+            # 4-node reading for 2.7x too low); with no size in common, the reference's level
+            both = np.isin(own.nodes, ref_pts.nodes)
+            level = (prior_level(ref_est, Samples(own.nodes[both], own.rates[both], own.weight[both]),
+                                 noise_rel=noise) if ref_est is not None and both.any() else 1.0)
             pts = merge(pts, dataclasses.replace(own, rates=own.rates / level))
         if fin is not None:
             pts = merge(pts, scaled_prior(fin, ref_pts, weight=self.prior_weight, noise_rel=noise))

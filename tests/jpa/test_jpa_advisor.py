@@ -527,3 +527,25 @@ def test_share_readings_never_replaces_a_users_curve():
     jpa.observe("other", 2, 180.0, 0.0)
     assert not jpa._share_readings(jpa.records["mine"])
     assert jpa.records["mine"].prior_is_user
+
+
+def test_a_pool_levels_another_job_only_where_the_reference_measured():
+    """A job that shares no size with the pool's reference job is taken at its level: the
+    reference's curve between its measured sizes is a guess. Measured on the zoo (``dip``
+    0:512 seed 3): a reference read at 1 and 10 nodes, interpolated through the two-node dip,
+    expected 4.0x the one-node rate at 4 nodes where another job read 1.47x, so that job's
+    reading was scaled 2.7x up and, once the planning job read 1.47x itself, every point of
+    its prior 2.7x down (10 nodes planned at 1.4x the one-node rate instead of 3.8x)."""
+    truth = ScalingCurve((1, 2, 3, 4, 6, 8, 10, 12, 16),
+                         (100.0, 62.0, 105.0, 147.0, 229.0, 308.0, 383.0, 459.0, 601.0))
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    t = _register_and_read(jpa, truth, [("ref", [1, 10]), ("other", [4])])
+    jpa.register(JobSpec("new", max_nodes=16, model="bert"), t)
+    new = jpa.records["new"]
+    assert jpa._share_readings(new)
+    assert new.prior.measured == (1, 4, 10)
+    for n in (1, 4, 10):
+        assert new.prior.rate(n) == pytest.approx(truth.rate(n), rel=0.05)
+    for _ in range(2):
+        jpa.observe("new", 4, truth.rate(4), t)
+    assert new.estimate(16, default_noise=0.03).rate(10) == pytest.approx(truth.rate(10), rel=0.1)

@@ -525,8 +525,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         for r in sibs[1:]:
             own = r.samples()
             # its level where both read: between the reference's sizes its curve is a guess (a
-            # reference read at 1 and 10 nodes, interpolated through a two-node dip, took a
-            # 4-node reading for 2.7x too low); with no size in common, the reference's level
+            # reference read at 1 and 10 nodes, interpolated through a two-node dip, took a job
+            # that read 4 nodes for one 2.7x slower); with no size in common, the reference's level
             both = np.isin(own.nodes, ref_pts.nodes)
             level = (prior_level(ref_est, Samples(own.nodes[both], own.rates[both], own.weight[both]),
                                  noise_rel=noise) if ref_est is not None and both.any() else 1.0)

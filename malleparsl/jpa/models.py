@@ -5,7 +5,7 @@ few cost terms, so ``rate(n) = 1 / T(n)`` with
 
 .. math::
 
-    T(n) = a / n  +  b  +  d \\cdot [n \\ge 2]  +  c_1 \\log_2 n  +  c_2 (n - 1)
+    T(n) = a / n  +  b  +  d \\cdot [n \\ge 2]  +  c_1 \\log_2 n  +  c_2 (n - 1)  +  e \\cdot [n \\ge 2] / n
 
 - ``a`` (``compute``): work split evenly across nodes (perfect scaling);
 - ``b`` (``serial``): work every node repeats (Amdahl's serial fraction, a saturating curve);
@@ -13,13 +13,18 @@ few cost terms, so ``rate(n) = 1 / T(n)`` with
   in): the drop in throughput some jobs show at 2 nodes;
 - ``c1`` (``tree``): a tree/ring all-reduce whose latency grows with ``log2 n``;
 - ``c2`` (``sync``): a synchronisation cost growing with the node count, which makes a curve
-  fall past a peak at ``n* = sqrt(a / c2)``.
+  fall past a peak at ``n* = sqrt(a / c2)``;
+- ``e`` (``net``): a cost per *step* once the job spans more than one node (an all-reduce
+  whose time does not grow with the node count, as a ring's), shared by the samples of every
+  node: data parallelism keeps each node's batch, so a step trains ``n`` batches. Where ``d``
+  drops a curve for good, ``e`` drops it at 2 nodes and lets it grow again, linearly: the
+  dip of jobs that lose a third of their one-node rate at 2 nodes and pass it at 3 to 5.
 
 Amdahl's law with parallel fraction ``p`` is ``a = p / r1``, ``b = (1 - p) / r1``; a saturating
 curve ``R n / (n + K)`` is ``a = K / R``, ``b = 1 / R`` (the same two terms); Pollux's compute +
 sync model is ``a``, ``b`` and ``c2``. Because the model is linear in its coefficients, fitting
 is a non-negative least-squares problem on *relative* residuals: no starting point, no local
-minima, microseconds per fit. The structures are nested subsets of the five terms; the
+minima, microseconds per fit. The structures are nested subsets of the terms; the
 :mod:`~malleparsl.jpa.estimate` module weighs them against each other for an uncertainty.
 """
 
@@ -33,17 +38,19 @@ from scipy.optimize import nnls
 
 from malleparsl.errors import SpecError
 
-TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync")
+TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync", "net")
 """The cost terms, in the column order of :func:`design_matrix`."""
 
 
 def design_matrix(n: np.ndarray | Sequence[float]) -> np.ndarray:
-    """Columns ``1/n, 1, [n>=2], log2 n, n-1`` for node counts ``n >= 1`` (shape ``(len(n), 5)``)."""
+    """Columns ``1/n, 1, [n>=2], log2 n, n-1, [n>=2]/n`` for node counts ``n >= 1`` (shape
+    ``(len(n), 6)``)."""
     x = np.asarray(n, dtype=float)
     if x.size and np.min(x) < 1:
         raise SpecError(f"node counts must be >= 1 to evaluate a throughput model, got {x.min()}")
     return np.stack(
-        [1.0 / x, np.ones_like(x), (x >= 2).astype(float), np.log2(x), x - 1.0], axis=-1
+        [1.0 / x, np.ones_like(x), (x >= 2).astype(float), np.log2(x), x - 1.0,
+         (x >= 2).astype(float) / x], axis=-1
     )
 
 
@@ -119,14 +126,14 @@ class Samples:
 
 @dataclass(frozen=True)
 class ModelParams:
-    """A fitted model: the coefficients of all five :data:`TERMS` (zeros for unused ones).
+    """A fitted model: the coefficients of all six :data:`TERMS` (zeros for unused ones).
 
     ``theta`` is in seconds per sample; ``sse`` is the weighted sum of squared *relative*
     residuals of the fit, the quantity a noise level turns into a chi-square.
     """
 
     model: str
-    theta: tuple[float, float, float, float, float]
+    theta: tuple[float, float, float, float, float, float]
     sse: float
     n_params: int
 
@@ -161,7 +168,7 @@ def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequenc
     """
     single = isinstance(params, ModelParams)
     plist = [params] if single else list(params)  # type: ignore[list-item]
-    theta = np.array([p.theta for p in plist], dtype=float)  # (k, 5)
+    theta = np.array([p.theta for p in plist], dtype=float)  # (k, 6)
     t = theta @ design_matrix(n).T  # (k, len(n))
     with np.errstate(divide="ignore"):
         out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
@@ -176,9 +183,11 @@ RING = ThroughputModel("compute+tree", ("compute", "tree"))
 SPAN = ThroughputModel("amdahl+span", ("compute", "serial", "span"))
 TREE = ThroughputModel("amdahl+tree", ("compute", "serial", "tree"))
 SYNC = ThroughputModel("amdahl+sync", ("compute", "serial", "sync"))
-FULL = ThroughputModel("full", TERMS)
+NET = ThroughputModel("compute+net", ("compute", "net"))
+# every strong-scaling term: ``net`` stays out, it is admitted only after a drop (estimate)
+FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
 
-MODELS: tuple[ThroughputModel, ...] = (LINEAR, AMDAHL, PEAK, STEP, RING, SPAN, TREE, SYNC, FULL)
+MODELS: tuple[ThroughputModel, ...] = (LINEAR, AMDAHL, PEAK, STEP, RING, NET, SPAN, TREE, SYNC, FULL)
 """The structures the estimator weighs, simplest first. Several share a parameter count on
 purpose: two measured sizes fit all two-term models exactly, and their disagreement between and
 beyond those sizes is the uncertainty that makes the advisor look there."""
@@ -191,4 +200,4 @@ def amdahl_params(*, rate1: float, parallel_fraction: float) -> ModelParams:
             f"need rate1 > 0 and parallel_fraction in [0, 1], got {rate1!r}, {parallel_fraction!r}"
         )
     p = parallel_fraction
-    return ModelParams("amdahl", (p / rate1, (1 - p) / rate1, 0.0, 0.0, 0.0), 0.0, 2)
+    return ModelParams("amdahl", (p / rate1, (1 - p) / rate1, 0.0, 0.0, 0.0, 0.0), 0.0, 2)

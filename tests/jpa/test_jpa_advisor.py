@@ -549,3 +549,22 @@ def test_a_pool_levels_another_job_only_where_the_reference_measured():
     for _ in range(2):
         jpa.observe("new", 4, truth.rate(4), t)
     assert new.estimate(16, default_noise=0.03).rate(10) == pytest.approx(truth.rate(10), rel=0.1)
+
+
+def test_a_job_that_read_a_drop_at_two_nodes_is_planned_past_it():
+    """The zoo's ``dip`` and the issue's real model: a third of the one-node rate lost at 2
+    nodes, passed again at 3. Read at 1 and 2 nodes only, every strong-scaling structure fits
+    the two points and falls past them, so the plan offered nothing above one node (at most
+    0.63x its rate at 8) and the jobs of the model stayed on one node while the oracle grew
+    them to 16-22. With the ``net`` structure the plan past 2 nodes is worth trying: a job
+    starting (no pause to repay) starts there, and its reading tells every job of the model."""
+    jpa = JobProfilingAdvisor(warmup_obs=0)
+    spec = JobSpec("j", max_nodes=16, total_samples=1e12)
+    jpa.register(spec, 0.0)
+    t = 0.0
+    for n, rate in ((1, 100.0), (1, 101.0), (2, 57.0), (2, 58.0)):
+        t += 300.0
+        jpa.observe("j", n, rate, t)
+    curve = jpa.planning_curve(jpa.records["j"], 16)
+    assert curve.rate(2) < curve.rate(1)  # the drop it read stands
+    assert max(curve.rate(k) for k in range(3, 9)) > 1.5 * curve.rate(1)

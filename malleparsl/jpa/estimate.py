@@ -80,7 +80,8 @@ def _drops_at_first_step(samples: Samples) -> bool:
     """Whether the smallest multi-node size measured is slower than one node: the one shape
     the ``net`` term is admitted for (a dip it lets grow again). Without a drop, ``compute``
     alone describes what ``compute + net`` would fit there, and the ensemble would count
-    linear growth twice against the saturating structures."""
+    linear growth twice against the saturating structures: admitted always, it cost ImageNet
+    at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15)."""
     one = samples.rates[samples.nodes == 1]
     multi = samples.nodes[samples.nodes >= 2]
     if not one.size or not multi.size:

@@ -23,14 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.errors import SpecError
-from malleparsl.jpa.models import (
-    MODELS,
-    ModelParams,
-    Samples,
-    ThroughputModel,
-    fit,
-    predict,
-)
+from malleparsl.jpa.models import MODELS, ModelParams, Samples, ThroughputModel, fit, predict
 
 MIN_NOISE = 0.01
 """Floor on the relative noise of one measurement: no monitor is better than 1 %."""

@@ -184,7 +184,8 @@ SPAN = ThroughputModel("amdahl+span", ("compute", "serial", "span"))
 TREE = ThroughputModel("amdahl+tree", ("compute", "serial", "tree"))
 SYNC = ThroughputModel("amdahl+sync", ("compute", "serial", "sync"))
 NET = ThroughputModel("compute+net", ("compute", "net"))
-# every strong-scaling term: ``net`` stays out, it is admitted only after a drop (estimate)
+# the five strong-scaling terms: with ``net`` as a sixth, ImageNet at 0:512 lost 2.3-3.4 points
+# (docs/jpa.md, session 15); ``net`` has its own structure, admitted after a drop (estimate)
 FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
 
 MODELS: tuple[ThroughputModel, ...] = (LINEAR, AMDAHL, PEAK, STEP, RING, NET, SPAN, TREE, SYNC, FULL)

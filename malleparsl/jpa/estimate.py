@@ -75,12 +75,16 @@ def _drops_at_first_step(samples: Samples) -> bool:
     alone describes what ``compute + net`` would fit there, and the ensemble would count
     linear growth twice against the saturating structures: admitted always, it cost ImageNet
     at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15)."""
-    one = samples.rates[samples.nodes == 1]
+    one = samples.nodes == 1
     multi = samples.nodes[samples.nodes >= 2]
-    if not one.size or not multi.size:
+    if not one.any() or not multi.size:
         return False
-    first = samples.rates[samples.nodes == multi.min()]
-    return float(np.average(first)) < float(np.average(one))
+    first = samples.nodes == multi.min()
+
+    def mean(at: np.ndarray) -> float:  # each point counts by its readings (or pseudo-count)
+        return float(np.average(samples.rates[at], weights=samples.weight[at]))
+
+    return mean(first) < mean(one)
 
 
 def estimate(

@@ -122,6 +122,13 @@ def test_the_net_term_is_admitted_only_after_a_drop(rates):
     assert NET.name not in [p.model for p in est.fits]
 
 
+def test_a_drop_is_judged_by_readings_not_by_points():
+    """A pooled prior holds several jobs' points at one size: 16 readings of 1.0 at one node
+    and a pseudo-point of 0.5 there (weight 0.5) against 0.8 at two nodes is a drop."""
+    s = Samples.of([1, 1, 2], [1.0, 0.5, 0.8], [16, 0.5, 2])
+    assert NET.name in [p.model for p in estimate(s, n_max=16, noise_rel=0.03).fits]
+
+
 def test_amdahl_is_recovered_exactly():
     p = amdahl_params(rate1=250.0, parallel_fraction=0.95)
     n = np.array(SIZES, float)

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 import shutil
 import tempfile
 from typing import Any
 
 import typer
+
+from malleparsl.ports import free_port
 
 MIB = 2**20
 
@@ -166,7 +167,7 @@ def measure_plan_save(plan: str, n: int, *, width: int = 512, depth: int = 8,
     from malleparsl.apps.memory import run_fresh
     from malleparsl.plans import MemoryProfile, parse_plan, plan_memory
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     args = (plan, n, width, depth, global_batch, from_plan)
     r0 = run_fresh(_plan_child, [((r, port, *args), {}) for r in range(n)])[0]
     prof = MemoryProfile.from_dict(r0.pop("profile"))
@@ -247,7 +248,7 @@ def measure_formats(n: int, *, width: int = 512, depth: int = 8,
     fastest of ``repeats``, the slowest rank's."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0 = run_fresh(_format_child, [((r, port, n, width, depth, repeats), {})
                                    for r in range(n)])[0]
     return {"n": n, "width": width, "depth": depth, **r0}

@@ -10,7 +10,6 @@ same process. Used by ``malleparsl bench plans`` and the memory-model tests.
 from __future__ import annotations
 
 import gc
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import typer
 
 from malleparsl.errors import SpecError
 from malleparsl.plans import MemoryProfile, PlanOptions, parse_plan, plan_memory
+from malleparsl.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def measure_plan(case: PlanCase, *, timeout_s: float = 600.0) -> dict[str, Any]:
     """Measured and predicted figures of one plan at one size (rank 0's)."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     outs = run_fresh(_rank, [((r, port, case), {}) for r in range(case.n)], timeout_s=timeout_s)
     r0 = outs[0]
     prof = MemoryProfile.from_dict(r0["profile"])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from malleparsl.errors import SchedulerCommandError, SpecError
+from malleparsl.ports import free_port_block
 from malleparsl.scavenger.shell import CommandResult, Runner, default_runner, run_command
 
 log = logging.getLogger(__name__)
@@ -88,27 +89,6 @@ def slurm_installed() -> bool:
     return all(shutil.which(c) for c in DAEMONS)
 
 
-def _free_port_block(count: int, *, lo: int = 20000, hi: int = 60000) -> int:
-    """First port of ``count`` consecutive free TCP ports on 127.0.0.1 (random start)."""
-    rng = int.from_bytes(os.urandom(2), "little")
-    for attempt in range(200):
-        base = lo + (rng + attempt * 97) % (hi - lo - count)
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {count} free ports found in {lo}..{hi}")
-
-
 @dataclass
 class LocalSlurm:
     """Start (``start()`` or ``with``) and stop a local Slurm with ``nodes`` emulated nodes.
@@ -145,7 +125,7 @@ class LocalSlurm:
 
     # ---- lifecycle ----------------------------------------------------------------------
     def write_config(self) -> Path:
-        base = _free_port_block(self.nodes + 1)
+        base = free_port_block(self.nodes + 1, lo=20000, hi=60000)
         for sub in ("state", "spool", "jobs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         conf = self.dir / "slurm.conf"

@@ -7,11 +7,12 @@ malleparsl.apps.memory).
 from __future__ import annotations
 
 import gc
-import random
 from typing import Any
 
 import pytest
 import torch
+
+from malleparsl.ports import free_port
 
 pytestmark = pytest.mark.slow  # two fresh gloo ranks: ~30 s on a loaded machine
 
@@ -56,7 +57,7 @@ def test_zero1_rank0_drops_the_consolidated_state_once_the_checkpoint_is_written
     from malleparsl.apps.checkpoint import CheckpointStore
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_zero1_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
                        timeout_s=300)
     shard = r0["adam_bytes"] / 2  # what rank 0 receives from rank 1
@@ -73,7 +74,7 @@ def test_zero1_consolidation_receives_each_shard_once(tmp_path) -> None:
     while receiving it (its save peaked at 2.9-3.0 shards at 2 ranks, 25.7 MB each)."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_zero1_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
                        timeout_s=300)
     shard = r0["adam_bytes"] / 2
@@ -125,7 +126,7 @@ def test_zero1_consolidation_sends_objects_on_the_optimizer_device(tmp_path) -> 
     consolidation does. A save before the first step (no state yet) must not hang."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_zero1_devices_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
                        timeout_s=300)
     assert len(r0["seen"]) == len(r1["seen"]) == 2  # one structure per save
@@ -193,7 +194,7 @@ def test_a_sharded_plan_restoring_a_plain_checkpoint_reads_only_its_shards(
     it is copied into the parameters (w P each; measured 26.7-26.9 / 26.3-26.8 MB)."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_plain_to_sharded_rank,
                        [((r, port, str(tmp_path), plan), {}) for r in range(2)], timeout_s=300)
     assert r0["path"].endswith("ckpt-0000000001.pt") and r1["path"] == "None"

@@ -7,13 +7,13 @@ naming the file, before loading anything. Two real gloo ranks in fresh processes
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
 
 from malleparsl.apps.checkpoint import CheckpointStore, CorruptCheckpointWarning, ShardedState
 from malleparsl.errors import CheckpointError
+from malleparsl.ports import free_port
 
 pytestmark = pytest.mark.slow  # two fresh gloo ranks
 
@@ -51,7 +51,7 @@ def written(tmp_path_factory):
     from malleparsl.apps.memory import run_fresh
 
     d = tmp_path_factory.mktemp("sharded")
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_writer_rank, [((r, port, str(d)), {}) for r in range(2)], timeout_s=300)
     assert [p.rsplit("/", 1)[1] for p in r0["paths"]] == ["ckpt-0000000001.dcp",
                                                            "ckpt-0000000002.dcp"]
@@ -195,7 +195,7 @@ def test_disk_full_during_a_sharded_save_is_a_write_error(tmp_path) -> None:
     folder, and no temporary directory is left behind (DCP wraps the OSError per rank)."""
     from malleparsl.apps.memory import run_fresh
 
-    (got,) = run_fresh(_disk_full_rank, [((random.randint(20000, 60000), str(tmp_path)), {})],
+    (got,) = run_fresh(_disk_full_rank, [((free_port(), str(tmp_path)), {})],
                        timeout_s=120)
     assert got["error"] == "CheckpointWriteError", got
     assert "disk full" in got["text"] and "step 3" in got["text"] and str(tmp_path) in got["text"]
@@ -238,7 +238,7 @@ def test_rank_0_failing_to_publish_fails_every_rank_at_once(tmp_path) -> None:
     with a timeout that does not say why; now they get rank 0's error at once."""
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_publish_fails_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
                        timeout_s=120)
     assert r0["error"] == "CheckpointWriteError", r0
@@ -279,7 +279,7 @@ def test_ranks_that_find_different_checkpoints_refuse_before_loading(written, tm
 
     d, _ = written
     dirs = [str(_copy(d, tmp_path / "r0")), str(tmp_path / "r1")]
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_diverging_reader_rank, [((r, port, dirs), {}) for r in range(2)],
                        timeout_s=120)
     for r in (r0, r1):

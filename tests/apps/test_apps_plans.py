@@ -17,6 +17,7 @@ from malleparsl.apps.examples_plans import train_blocks
 from malleparsl.apps.local_runner import LocalRunner
 from malleparsl.errors import SpecError
 from malleparsl.plans import candidate_plans, parse_plan
+from malleparsl.ports import free_port
 
 STEPS = 24
 TOL = 1e-4
@@ -211,11 +212,10 @@ def test_fsdp_sync_puts_the_loss_on_the_shards_device() -> None:
 
     No GPU here: the shards are on the meta device, which a CPU-built loss does not follow.
     """
-    import random
 
     from malleparsl.apps.memory import run_fresh
 
-    (out,) = run_fresh(_loss_devices, [((random.randint(20000, 60000),), {})], timeout_s=300)
+    (out,) = run_fresh(_loss_devices, [((free_port(),), {})], timeout_s=300)
     assert out["devices"] == ["meta"]
 
 
@@ -276,13 +276,12 @@ def test_fsdp_checkpoint_is_written_sharded_no_rank_gathers_the_state(tmp_path) 
     peaked at about that, 175 MB for BlockMLP 512x8 at 2 ranks against 72 MB training): now
     each rank writes its own shards, and rank 0's save peak is a fraction of the whole state
     (about its shard at most). The checkpoint reads back whole in the plain format."""
-    import random
 
     from malleparsl.apps.checkpoint import CheckpointStore
     from malleparsl.apps.examples_plans import BlockMLP
     from malleparsl.apps.memory import run_fresh
 
-    port = random.randint(20000, 60000)
+    port = free_port()
     r0, r1 = run_fresh(_sharded_save_rank, [((r, port, str(tmp_path)), {}) for r in range(2)],
                        timeout_s=300)
     assert r0["path"].endswith("ckpt-0000000001.dcp") and r1["path"] == "None"

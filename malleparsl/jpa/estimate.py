@@ -75,16 +75,8 @@ def _drops_at_first_step(samples: Samples) -> bool:
     alone describes what ``compute + net`` would fit there, and the ensemble would count
     linear growth twice against the saturating structures: admitted always, it cost ImageNet
     at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15)."""
-    one = samples.nodes == 1
-    multi = samples.nodes[samples.nodes >= 2]
-    if not one.any() or not multi.size:
-        return False
-    first = samples.nodes == multi.min()
-
-    def mean(at: np.ndarray) -> float:  # each point counts by its readings (or pseudo-count)
-        return float(np.average(samples.rates[at], weights=samples.weight[at]))
-
-    return mean(first) < mean(one)
+    sizes, rates, _ = _point_means(samples)  # each point counts by its readings (or pseudo-count)
+    return sizes.size >= 2 and sizes[0] == 1 and bool(rates[1] < rates[0])
 
 
 def estimate(

@@ -7,6 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw new examples on every run, which is how they find failures; CI runs them
+# derandomized (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) so that a landing is judged on the
+# same examples every time, and a failure found locally is printed with its reproduction blob.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # Parsl starts its interchange and worker pools by command name (``interchange.py``,
 # ``process_worker_pool.py``): put this interpreter's bin directory first on PATH so the tests

@@ -21,8 +21,11 @@ few cost terms, so ``rate(n) = 1 / T(n)`` with
   dip of jobs that lose a third of their one-node rate at 2 nodes and pass it at 3 to 5.
 
 Amdahl's law with parallel fraction ``p`` is ``a = p / r1``, ``b = (1 - p) / r1``; a saturating
-curve ``R n / (n + K)`` is ``a = K / R``, ``b = 1 / R`` (the same two terms); Pollux's compute +
-sync model is ``a``, ``b`` and ``c2``. Because the model is linear in its coefficients, fitting
+curve ``R n / (n + K)`` is ``a = K / R``, ``b = 1 / R`` (the same two terms). Pollux's model
+(gamma = 1, every node keeping its batch ``m``: per iteration ``alpha_g + beta_g m`` of compute
+and ``alpha_s + beta_s (n - 2)`` of sync from 2 nodes) is, per sample, ``a = alpha_g / m +
+beta_g``, ``d = beta_s / m`` and ``e = (alpha_s - 2 beta_s) / m``; no structure combines ``d``
+and ``e`` yet. Because the model is linear in its coefficients, fitting
 is a non-negative least-squares problem on *relative* residuals: no starting point, no local
 minima, microseconds per fit. The structures are nested subsets of the terms; the
 :mod:`~malleparsl.jpa.estimate` module weighs them against each other for an uncertainty.

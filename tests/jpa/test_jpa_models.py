@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from malleparsl.errors import SpecError
@@ -182,13 +182,15 @@ def test_no_samples_cannot_be_fitted():
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(curve=SHAPES, noise=st.floats(0.0, 0.10), seed=st.integers(0, 2**16))
+@example(curve=weak_scaling_dip(10.0, 0.0625), noise=0.0625, seed=4169)
 def test_estimate_interpolates_within_ten_percent_on_generated_shapes(curve, noise, seed):
     """The advisor's estimate: the structures' fit, measured points first where it misses them.
-    The fit alone can miss by 27 %: a weak-scaling dip of 6 % read 10 % *above* the one-node
-    rate at 2 nodes (6 % noise), so ``compute+net`` was not admitted and nothing else fits."""
+    The fit alone can miss by 27 % (the example: a weak-scaling dip of 6 % read 10 % *above* the
+    one-node rate at 2 nodes, so ``compute+net`` was not admitted and nothing else fits)."""
     rng = np.random.default_rng(seed)
     s = aggregate(noisy(curve, SIZES, 6, noise, rng))
-    est = ground_truth(estimate(s, n_max=32, noise_rel=max(noise, 0.01)), s, noise_rel=max(noise, 0.01))
+    sig = max(noise, 0.01)
+    est = ground_truth(estimate(s, n_max=32, noise_rel=sig), s, noise_rel=sig)
     truth = curve(np.array(SIZES + MID, float))
     got = est.mean[list(SIZES + MID)]
     mape = float(np.mean(np.abs(got / truth - 1)))

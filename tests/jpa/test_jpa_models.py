@@ -320,3 +320,13 @@ def test_prior_level_is_finite_positive_and_exact_for_a_scaled_copy(case, noise,
         ok = [k for k in prior.measured if prior.rate(k) > 0]
         same = Samples.of(ok, [prior.rate(k) for k in ok], [3.0] * len(ok))
         assert prior_level(prior, same, noise_rel=noise) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_the_estimate_module_is_not_shadowed_by_its_function():
+    """``malleparsl.jpa.estimate`` is the module (its constants are what scripts and tests set),
+    not the function of the same name."""
+    import types
+
+    import malleparsl.jpa.estimate as mod
+
+    assert isinstance(mod, types.ModuleType) and mod.estimate is estimate

@@ -23,23 +23,19 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import importlib
 import json
 import sys
 
 import numpy as np
 
+import malleparsl.jpa.estimate as est_mod
+import malleparsl.jpa.knowledge as kn_mod
 from malleparsl.jpa.advisor import JobProfilingAdvisor
 from malleparsl.jpa.audit import DecisionAudit
 from malleparsl.jpa.bench_zoo import family_jobs, parse_seeds
 from malleparsl.jpa.sim_setups import SIM_DEFAULTS
 from malleparsl.sim.engine import SimOptions, simulate
 from malleparsl.traces import load_trace
-
-# module constants a variant may set (``est.NAME:value``); the package exports a function
-# named ``estimate``, so the module is looked up by its full name
-est_mod = importlib.import_module("malleparsl.jpa.estimate")
-kn_mod = importlib.import_module("malleparsl.jpa.knowledge")
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
@@ -88,7 +84,9 @@ class VariantAudit(DecisionAudit):
                 cache, plans = rec._cache, rec.plan_cache
                 rec._cache, rec.plan_cache = None, {}
                 try:
-                    n_tab = max(v.spec.min_nodes, min(v.spec.max_nodes, max(len(snapshot.nodes), 1)))
+                    n_tab = max(
+                        v.spec.min_nodes, min(v.spec.max_nodes, max(len(snapshot.nodes), 1))
+                    )
                     curve = adv.planning_curve(rec, n_tab)
                 finally:
                     rec._cache, rec.plan_cache = cache, plans
@@ -129,23 +127,32 @@ def main() -> None:
                 tr = full.window(t0, min(full.end_s, t0 + 3600 * a.hours))
                 adv = JobProfilingAdvisor(**SIM_DEFAULTS)
                 audit = VariantAudit({j.job_id: j for j in specs}, variants)
-                res = simulate(tr, specs, policy="milp+jpa",
-                               options=SimOptions(noise=a.noise, seed=seed),
-                               policy_options={"advisor": adv, "audit": audit})
+                res = simulate(
+                    tr,
+                    specs,
+                    policy="milp+jpa",
+                    options=SimOptions(noise=a.noise, seed=seed),
+                    policy_options={"advisor": adv, "audit": audit},
+                )
                 dt, best, chosen = eff(audit.decisions, res.end_s)
                 ref = float(dt @ best)
                 if ref <= 0:
-                    raise SystemExit(f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
-                                     "window (no idle nodes?): nothing to compare")
-                row = {"family": fam, "nodes": sl, "seed": seed,
-                       "default": 100 * float(dt @ chosen) / ref, "samples": res.samples}
+                    raise SystemExit(
+                        f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
+                        "window (no idle nodes?): nothing to compare"
+                    )
+                row = {
+                    "family": fam,
+                    "nodes": sl,
+                    "seed": seed,
+                    "default": 100 * float(dt @ chosen) / ref,
+                    "samples": res.samples,
+                }
                 for name, _ in variants:
                     vch = np.array([d.chosen for d in audit.vdec[name]])
                     row[name] = 100 * float(dt @ (vch - chosen)) / ref
                     row[name + "_worse_t"] = float(dt @ (vch < chosen - 1e-9)) / float(dt.sum())
                 print(json.dumps(row), flush=True)
-
-
 
 
 class DiagAudit(DecisionAudit):
@@ -210,11 +217,15 @@ class DiagAudit(DecisionAudit):
                 a[1] += dt * loss * ro
                 a[2] += dt * loss * rc
                 a[3] += dt
-        return {k: {"pts": round(100 * a[0] / ref, 2),
-                    "plan/true at opt": round(a[1] / a[0], 2) if a[0] else None,
-                    "plan/true at chosen": round(a[2] / a[0], 2) if a[0] else None,
-                    "time_h": round(a[3] / 3600, 1)}
-                for k, a in sorted(out.items(), key=lambda kv: -kv[1][0])}
+        return {
+            k: {
+                "pts": round(100 * a[0] / ref, 2),
+                "plan/true at opt": round(a[1] / a[0], 2) if a[0] else None,
+                "plan/true at chosen": round(a[2] / a[0], 2) if a[0] else None,
+                "time_h": round(a[3] / 3600, 1),
+            }
+            for k, a in sorted(out.items(), key=lambda kv: -kv[1][0])
+        }
 
 
 def diagnose() -> None:
@@ -233,18 +244,34 @@ def diagnose() -> None:
                 tr = full.window(t0, min(full.end_s, t0 + 3600 * 24))
                 adv = JobProfilingAdvisor(**SIM_DEFAULTS)
                 audit = DiagAudit({j.job_id: j for j in specs})
-                res = simulate(tr, specs, policy="milp+jpa", options=SimOptions(noise=0.03, seed=seed),
-                               policy_options={"advisor": adv, "audit": audit})
+                res = simulate(
+                    tr,
+                    specs,
+                    policy="milp+jpa",
+                    options=SimOptions(noise=0.03, seed=seed),
+                    policy_options={"advisor": adv, "audit": audit},
+                )
                 dt, best, chosen = eff(audit.decisions, res.end_s)
                 ref = float(dt @ best)
                 if ref <= 0:
-                    raise SystemExit(f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
-                                     "window (no idle nodes?): nothing to compare")
+                    raise SystemExit(
+                        f"{fam} {sl} seed {seed}: the optimum is worth 0 over the "
+                        "window (no idle nodes?): nothing to compare"
+                    )
                 s = audit.summary(res.end_s)
-                print(json.dumps({"family": fam, "nodes": sl, "seed": seed,
-                                  "eff": round(s["decision_eff"], 2),
-                                  "est": round(s["de_loss_estimate"], 2),
-                                  "kinds": audit.table(res.end_s, ref)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "family": fam,
+                            "nodes": sl,
+                            "seed": seed,
+                            "eff": round(s["decision_eff"], 2),
+                            "est": round(s["de_loss_estimate"], 2),
+                            "kinds": audit.table(res.end_s, ref),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

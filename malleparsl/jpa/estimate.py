@@ -3,7 +3,8 @@
 No single structure fits every job (a curve may saturate, drop at two nodes, or fall past a
 peak), and with two or three measured sizes several structures fit equally well yet disagree
 about the sizes nobody ran. So every structure of :mod:`~malleparsl.jpa.models` that the data
-can pin down (no more coefficients than distinct sizes) is fitted, weighted by its Akaike
+can pin down (no more coefficients than distinct sizes; a bounded one only where two sizes read
+its floor) is fitted, weighted by its Akaike
 weight (fit quality at the measured noise, minus two per coefficient), and
 
 - the *mean* curve is the weighted mean of their predictions;
@@ -23,7 +24,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleparsl.errors import SpecError
-from malleparsl.jpa.models import MODELS, ModelParams, Samples, ThroughputModel, fit, predict
+from malleparsl.jpa.models import (
+    MODELS,
+    ModelParams,
+    Samples,
+    ThroughputModel,
+    design_matrix,
+    fit,
+    predict,
+)
 
 MIN_NOISE = 0.01
 """Floor on the relative noise of one measurement: no monitor is better than 1 %."""
@@ -79,6 +88,43 @@ def _drops_at_first_step(samples: Samples) -> bool:
     return sizes.size >= 2 and sizes[0] == 1 and bool(rates[1] < rates[0])
 
 
+FLOOR_EXTRA = 2
+"""Distinct sizes a bounded structure needs beyond its coefficients: a bound fits any rates at
+as many sizes as it has coefficients, flat past the largest, so it would hold every job there;
+with sizes to spare, readings that still rise reject it (one to spare cost ImageNet's smooth
+curves: a run at 0:128 fell to 97.6 % of the oracle; docs/jpa.md, session 16)."""
+
+FLAT_Z = 2.0
+"""A bound is kept only where the readings show one: two or more sizes it holds flat, each
+within ``FLAT_Z`` standard errors of the floor. A falling part (past a peak) or a weak scaler's
+scatter is not a bound; nor is one size below the rising terms, which any concave curve gives
+a linear rise (docs/jpa.md, session 17)."""
+
+
+def _flat_tolerances(samples: Samples, sigma_obs: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct sizes, their mean rates, and how far (relative) each may be from a floor."""
+    sizes, rates, counts = _point_means(samples)
+    return sizes, rates, FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
+
+
+def _two_sizes_could_agree(samples: Samples, sigma_obs: float) -> bool:
+    """Whether any two sizes' rates admit one floor within their tolerances: if not, no bound
+    can be seen, and the bounded structures are not fitted (they cost most of an estimate)."""
+    _, rates, tol = _flat_tolerances(samples, sigma_obs)
+    lo, hi = (1.0 - tol) / rates, (1.0 + tol) / rates  # floors (s/sample) each size allows
+    order = np.argsort(lo)
+    return bool(np.any(np.maximum.accumulate(hi[order])[:-1] >= lo[order][1:]))
+
+
+def _bound_is_seen(p: ModelParams, samples: Samples, sigma_obs: float) -> bool:
+    """Whether a bounded fit's flat part is two or more sizes that agree with its floor."""
+    if p.floor <= 0:
+        return False  # no bound: the structure without it is already in the ensemble
+    sizes, rates, tol = _flat_tolerances(samples, sigma_obs)
+    flat = np.asarray(p.theta) @ design_matrix(sizes).T <= p.floor
+    return int(flat.sum()) >= 2 and bool(np.all(np.abs(rates[flat] * p.floor - 1.0) <= tol[flat]))
+
+
 def estimate(
     samples: Samples,
     *,
@@ -98,11 +144,16 @@ def estimate(
     sigma_obs = max(noise_rel if noise_rel is not None else 0.05, MIN_NOISE)
     distinct = np.unique(samples.nodes)
     n_grid = np.arange(1, n_max + 1, dtype=float)
+    # the bounded structures (2 coefficients or more) only where two sizes could show a floor
+    bounds = distinct.size >= 2 + FLOOR_EXTRA and _two_sizes_could_agree(samples, sigma_obs)
     cands = [m for m in models if m.n_params <= max(1, distinct.size)
-             and ("net" not in m.terms or _drops_at_first_step(samples))]
+             and ("net" not in m.terms or _drops_at_first_step(samples))
+             and (not m.floor or (bounds and distinct.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     for m in cands:
         p = fit(m, samples)
+        if m.floor and not _bound_is_seen(p, samples, sigma_obs):
+            continue
         pr = predict(p, n_grid)
         if not np.all(np.isfinite(pr)):
             continue

@@ -27,8 +27,16 @@ and ``alpha_s + beta_s (n - 2)`` of sync from 2 nodes) is, per sample, ``a = alp
 beta_g``, ``d = beta_s / m`` and ``e = (alpha_s - 2 beta_s) / m``; no structure combines ``d``
 and ``e`` yet. Because the model is linear in its coefficients, fitting
 is a non-negative least-squares problem on *relative* residuals: no starting point, no local
-minima, microseconds per fit. The structures are nested subsets of the terms; the
-:mod:`~malleparsl.jpa.estimate` module weighs them against each other for an uncertainty.
+minima, microseconds per fit.
+
+A *bounded* structure (``floor``) is ``T(n) = max(terms(n), f)``: a time per sample no node
+count goes below (an input pipeline or a storage bound), so the curve rises to a knee and is
+flat past it, which no smooth sum of terms draws. It is fitted by trying every split of the
+measured sizes into a rising part (NNLS on the terms) and a flat part (their best constant);
+:mod:`~malleparsl.jpa.estimate` admits it only where two sizes read the floor.
+
+The structures are nested subsets of the terms; the :mod:`~malleparsl.jpa.estimate` module
+weighs them against each other for an uncertainty.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ class ThroughputModel:
 
     name: str
     terms: tuple[str, ...]
+    floor: bool = False  # a time per sample the curve cannot go below (see fit)
 
     def __post_init__(self) -> None:
         bad = [t for t in self.terms if t not in TERMS]
@@ -73,7 +82,7 @@ class ThroughputModel:
 
     @property
     def n_params(self) -> int:
-        return len(self.terms)
+        return len(self.terms) + int(self.floor)
 
     @property
     def columns(self) -> list[int]:
@@ -139,6 +148,7 @@ class ModelParams:
     theta: tuple[float, float, float, float, float, float]
     sse: float
     n_params: int
+    floor: float = 0.0  # seconds per sample the time cannot go below (0: none)
 
 
 def fit(model: ThroughputModel, samples: Samples) -> ModelParams:
@@ -149,18 +159,52 @@ def fit(model: ThroughputModel, samples: Samples) -> ModelParams:
     """
     if len(samples) == 0:
         raise SpecError(f"cannot fit model {model.name!r} to no samples; measure a rate first")
-    t_obs = 1.0 / samples.rates
-    sw = np.sqrt(samples.weight)
-    phi = design_matrix(samples.nodes)[:, model.columns]
+    if model.floor:
+        return _fit_floored(model, samples)
+    coef, sse = _nnls(model, samples.nodes, 1.0 / samples.rates, samples.weight)
+    theta = np.zeros(len(TERMS))
+    theta[model.columns] = coef
+    return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params)  # type: ignore[arg-type]
+
+
+def _nnls(
+    model: ThroughputModel, nodes: np.ndarray, t_obs: np.ndarray, w: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """The terms' coefficients for times per sample ``t_obs`` and their weighted relative SSE."""
+    sw = np.sqrt(w)
+    phi = design_matrix(nodes)[:, model.columns]
     scale = float(np.median(t_obs))  # condition the problem: coefficients near 1
     a_mat = (phi / t_obs[:, None]) * sw[:, None]
     coef, _ = nnls(a_mat * scale, sw, maxiter=50 * phi.shape[1])
     coef = coef * scale
+    resid = (phi @ coef) / t_obs - 1.0
+    return coef, float(np.sum(w * resid**2))
+
+
+def _fit_floored(model: ThroughputModel, samples: Samples) -> ModelParams:
+    """``T(n) = max(terms(n), floor)``: every split of the sizes into a rising part (fitted by
+    the terms) and a flat part (the floor, their weighted best constant) is tried, and the one
+    with the least relative SSE of the whole kinked curve wins. No split (floor 0) is one of
+    them, so the structure fits at least as well as its terms alone."""
+    nodes, w = samples.nodes, samples.weight
+    t_obs = 1.0 / samples.rates
+    phi = design_matrix(nodes)[:, model.columns]
+    coef, sse = _nnls(model, nodes, t_obs, w)  # no flat part
+    best = (sse, coef, 0.0)
+    for k in np.unique(nodes):  # the flat part is every size >= k (the smallest: all flat)
+        flat = nodes >= k
+        # the flat part's best constant time: min sum w (c / T - 1)^2
+        c = float(np.sum(w[flat] / t_obs[flat]) / np.sum(w[flat] / t_obs[flat] ** 2))
+        rise = ~flat
+        coef = (_nnls(model, nodes[rise], t_obs[rise], w[rise])[0] if rise.any()
+                else np.zeros(len(model.columns)))
+        sse = float(np.sum(w * (np.maximum(phi @ coef, c) / t_obs - 1.0) ** 2))
+        if sse < best[0]:
+            best = (sse, coef, c)
+    sse, coef, c = best
     theta = np.zeros(len(TERMS))
     theta[model.columns] = coef
-    resid = (phi @ coef) / t_obs - 1.0
-    sse = float(np.sum(samples.weight * resid**2))
-    return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params)  # type: ignore[arg-type]
+    return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params, float(c))  # type: ignore[arg-type]
 
 
 def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequence[float]) -> np.ndarray:
@@ -172,7 +216,8 @@ def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequenc
     single = isinstance(params, ModelParams)
     plist = [params] if single else list(params)  # type: ignore[list-item]
     theta = np.array([p.theta for p in plist], dtype=float)  # (k, 6)
-    t = theta @ design_matrix(n).T  # (k, len(n))
+    floor = np.array([p.floor for p in plist], dtype=float)
+    t = np.maximum(theta @ design_matrix(n).T, floor[:, None])  # (k, len(n))
     with np.errstate(divide="ignore"):
         out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
     return out[0] if single else out
@@ -190,8 +235,12 @@ NET = ThroughputModel("compute+net", ("compute", "net"))
 # the five strong-scaling terms: with ``net`` as a sixth, ImageNet at 0:512 lost 2.3-3.4 points
 # (docs/jpa.md, session 15); ``net`` has its own structure, admitted after a drop (estimate)
 FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
+# a knee: admitted where two sizes read one floor (estimate; docs/jpa.md, session 17)
+BOUND = ThroughputModel("compute+bound", ("compute",), floor=True)
+BOUND_AMDAHL = ThroughputModel("amdahl+bound", ("compute", "serial"), floor=True)
 
-MODELS: tuple[ThroughputModel, ...] = (LINEAR, AMDAHL, PEAK, STEP, RING, NET, SPAN, TREE, SYNC, FULL)
+MODELS: tuple[ThroughputModel, ...] = (
+    LINEAR, AMDAHL, PEAK, STEP, RING, NET, BOUND, SPAN, TREE, SYNC, BOUND_AMDAHL, FULL)
 """The structures the estimator weighs, simplest first. Several share a parameter count on
 purpose: two measured sizes fit all two-term models exactly, and their disagreement between and
 beyond those sizes is the uncertainty that makes the advisor look there."""

@@ -161,18 +161,17 @@ def fit(model: ThroughputModel, samples: Samples) -> ModelParams:
         raise SpecError(f"cannot fit model {model.name!r} to no samples; measure a rate first")
     if model.floor:
         return _fit_floored(model, samples)
-    coef, sse = _nnls(model, samples.nodes, 1.0 / samples.rates, samples.weight)
+    phi = design_matrix(samples.nodes)[:, model.columns]
+    coef, sse = _nnls(phi, 1.0 / samples.rates, samples.weight)
     theta = np.zeros(len(TERMS))
     theta[model.columns] = coef
     return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params)  # type: ignore[arg-type]
 
 
-def _nnls(
-    model: ThroughputModel, nodes: np.ndarray, t_obs: np.ndarray, w: np.ndarray,
-) -> tuple[np.ndarray, float]:
-    """The terms' coefficients for times per sample ``t_obs`` and their weighted relative SSE."""
+def _nnls(phi: np.ndarray, t_obs: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
+    """The coefficients of the terms ``phi`` (design-matrix columns) for times per sample
+    ``t_obs``, and their weighted relative SSE."""
     sw = np.sqrt(w)
-    phi = design_matrix(nodes)[:, model.columns]
     scale = float(np.median(t_obs))  # condition the problem: coefficients near 1
     a_mat = (phi / t_obs[:, None]) * sw[:, None]
     coef, _ = nnls(a_mat * scale, sw, maxiter=50 * phi.shape[1])
@@ -189,14 +188,14 @@ def _fit_floored(model: ThroughputModel, samples: Samples) -> ModelParams:
     nodes, w = samples.nodes, samples.weight
     t_obs = 1.0 / samples.rates
     phi = design_matrix(nodes)[:, model.columns]
-    coef, sse = _nnls(model, nodes, t_obs, w)  # no flat part
+    coef, sse = _nnls(phi, t_obs, w)  # no flat part
     best = (sse, coef, 0.0)
     for k in np.unique(nodes):  # the flat part is every size >= k (the smallest: all flat)
         flat = nodes >= k
         # the flat part's best constant time: min sum w (c / T - 1)^2
         c = float(np.sum(w[flat] / t_obs[flat]) / np.sum(w[flat] / t_obs[flat] ** 2))
         rise = ~flat
-        coef = (_nnls(model, nodes[rise], t_obs[rise], w[rise])[0] if rise.any()
+        coef = (_nnls(phi[rise], t_obs[rise], w[rise])[0] if rise.any()
                 else np.zeros(len(model.columns)))
         sse = float(np.sum(w * (np.maximum(phi @ coef, c) / t_obs - 1.0) ** 2))
         if sse < best[0]:

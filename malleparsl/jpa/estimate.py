@@ -101,26 +101,19 @@ scatter is not a bound; nor is one size below the rising terms, which any concav
 a linear rise (docs/jpa.md, session 17)."""
 
 
-def _flat_tolerances(samples: Samples, sigma_obs: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct sizes, their mean rates, and how far (relative) each may be from a floor."""
-    sizes, rates, counts = _point_means(samples)
-    return sizes, rates, FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
-
-
-def _two_sizes_could_agree(samples: Samples, sigma_obs: float) -> bool:
-    """Whether any two sizes' rates admit one floor within their tolerances: if not, no bound
-    can be seen, and the bounded structures are not fitted (they cost most of an estimate)."""
-    _, rates, tol = _flat_tolerances(samples, sigma_obs)
+def _two_sizes_could_agree(rates: np.ndarray, tol: np.ndarray) -> bool:
+    """Whether any two sizes' mean rates admit one floor within their relative tolerances: if
+    not, no bound can be seen, and the bounded structures are not fitted (they cost most of an
+    estimate)."""
     lo, hi = (1.0 - tol) / rates, (1.0 + tol) / rates  # floors (s/sample) each size allows
     order = np.argsort(lo)
     return bool(np.any(np.maximum.accumulate(hi[order])[:-1] >= lo[order][1:]))
 
 
-def _bound_is_seen(p: ModelParams, samples: Samples, sigma_obs: float) -> bool:
+def _bound_is_seen(p: ModelParams, sizes: np.ndarray, rates: np.ndarray, tol: np.ndarray) -> bool:
     """Whether a bounded fit's flat part is two or more sizes that agree with its floor."""
     if p.floor <= 0:
         return False  # no bound: the structure without it is already in the ensemble
-    sizes, rates, tol = _flat_tolerances(samples, sigma_obs)
     flat = np.asarray(p.theta) @ design_matrix(sizes).T <= p.floor
     return int(flat.sum()) >= 2 and bool(np.all(np.abs(rates[flat] * p.floor - 1.0) <= tol[flat]))
 
@@ -144,15 +137,20 @@ def estimate(
     sigma_obs = max(noise_rel if noise_rel is not None else 0.05, MIN_NOISE)
     distinct = np.unique(samples.nodes)
     n_grid = np.arange(1, n_max + 1, dtype=float)
-    # the bounded structures (2 coefficients or more) only where two sizes could show a floor
-    bounds = distinct.size >= 2 + FLOOR_EXTRA and _two_sizes_could_agree(samples, sigma_obs)
+    # the bounded structures (2 coefficients or more) only where two sizes could show a floor:
+    # the sizes' mean rates and how far (relative) each may be from one
+    bounds = None
+    if distinct.size >= 2 + FLOOR_EXTRA:
+        sizes, rates, counts = _point_means(samples)
+        tol = FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
+        bounds = (sizes, rates, tol) if _two_sizes_could_agree(rates, tol) else None
     cands = [m for m in models if m.n_params <= max(1, distinct.size)
              and ("net" not in m.terms or _drops_at_first_step(samples))
-             and (not m.floor or (bounds and distinct.size >= m.n_params + FLOOR_EXTRA))]
+             and (not m.floor or (bounds is not None and distinct.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     for m in cands:
         p = fit(m, samples)
-        if m.floor and not _bound_is_seen(p, samples, sigma_obs):
+        if m.floor and not _bound_is_seen(p, *bounds):
             continue
         pr = predict(p, n_grid)
         if not np.all(np.isfinite(pr)):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import malleparsl.jpa.estimate as estimate_module
 from malleparsl.errors import SpecError
 from malleparsl.jpa.estimate import (
     CurveEstimate,
@@ -194,6 +197,21 @@ def test_a_bound_is_admitted_only_with_sizes_to_spare(sizes, admitted):
     n = np.array(sizes, float)
     est = estimate(Samples.of(n, 100.0 * np.minimum(n, 6.0)), n_max=64, noise_rel=0.03)
     assert {p.model for p in est.fits} & {BOUND.name, BOUND_AMDAHL.name} == admitted
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(curve=SHAPES, noise=st.floats(0.0, 0.10), seed=st.integers(0, 2**16))
+def test_the_bounds_prefilter_never_changes_an_estimate(curve, noise, seed):
+    """The bounded structures are not fitted where no two sizes could read one floor: that
+    must skip only fits the check would reject anyway (the same estimate, bit for bit)."""
+    rng = np.random.default_rng(seed)
+    s = aggregate(noisy(curve, SIZES, 3, noise, rng))
+    sig = max(noise, 0.01)
+    got = estimate(s, n_max=64, noise_rel=sig)
+    with mock.patch.object(estimate_module, "_two_sizes_could_agree", lambda *_: True):
+        every = estimate(s, n_max=64, noise_rel=sig)
+    assert [p.model for p in got.fits] == [p.model for p in every.fits]
+    assert np.array_equal(got.mean, every.mean) and np.array_equal(got.sigma, every.sigma)
 
 
 @pytest.mark.parametrize(("name", "rates"), [

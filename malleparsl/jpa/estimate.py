@@ -78,13 +78,13 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> float | None:
     return math.sqrt(num / dof) if dof else None
 
 
-def _drops_at_first_step(samples: Samples) -> bool:
+def _drops_at_first_step(sizes: np.ndarray, rates: np.ndarray) -> bool:
     """Whether the smallest multi-node size measured is slower than one node: the one shape
     the ``net`` term is admitted for (a dip it lets grow again). Without a drop, ``compute``
     alone describes what ``compute + net`` would fit there, and the ensemble would count
     linear growth twice against the saturating structures: admitted always, it cost ImageNet
-    at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15)."""
-    sizes, rates, _ = _point_means(samples)  # each point counts by its readings (or pseudo-count)
+    at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15). ``sizes``/``rates``:
+    :func:`_point_means` (each point counts by its readings, or pseudo-count)."""
     return sizes.size >= 2 and sizes[0] == 1 and bool(rates[1] < rates[0])
 
 
@@ -137,15 +137,14 @@ def estimate(
     sigma_obs = max(noise_rel if noise_rel is not None else 0.05, MIN_NOISE)
     distinct = np.unique(samples.nodes)
     n_grid = np.arange(1, n_max + 1, dtype=float)
-    # the bounded structures (2 coefficients or more) only where two sizes could show a floor:
-    # the sizes' mean rates and how far (relative) each may be from one
+    sizes, rates, counts = _point_means(samples)  # once: the drop test and the bounds' check
+    # the bounded structures only where two sizes could show a floor (each within ``tol``)
     bounds = None
-    if distinct.size >= 2 + FLOOR_EXTRA:
-        sizes, rates, counts = _point_means(samples)
+    if any(m.floor and distinct.size >= m.n_params + FLOOR_EXTRA for m in models):
         tol = FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
         bounds = (sizes, rates, tol) if _two_sizes_could_agree(rates, tol) else None
     cands = [m for m in models if m.n_params <= max(1, distinct.size)
-             and ("net" not in m.terms or _drops_at_first_step(samples))
+             and ("net" not in m.terms or _drops_at_first_step(sizes, rates))
              and (not m.floor or (bounds is not None and distinct.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     for m in cands:

@@ -83,6 +83,10 @@ def input_bound(r1, eff, cap):
     return lambda n: r1 * np.minimum(1 + eff * (np.asarray(n, float) - 1), 1 + eff * (cap - 1))
 
 
+def bounds_kept(est):
+    return {p.model for p in est.fits} & {BOUND.name, BOUND_AMDAHL.name}
+
+
 SHAPES = st.one_of(
     st.builds(amdahl, st.floats(10, 1e5), st.floats(0.5, 0.999)),
     st.builds(saturating, st.floats(100, 1e5), st.floats(1, 64)),
@@ -184,7 +188,7 @@ def test_one_flat_size_is_no_bound():
     m = np.array([1, 4, 8, 16, 32], float)
     rising = estimate(Samples.of(m, amdahl(1000.0, 0.97)(m)), n_max=64, noise_rel=0.03)
     for est in (knee, rising):
-        assert not {p.model for p in est.fits} & {BOUND.name, BOUND_AMDAHL.name}
+        assert not bounds_kept(est)
 
 
 @pytest.mark.parametrize(("sizes", "admitted"), [
@@ -196,7 +200,7 @@ def test_a_bound_is_admitted_only_with_sizes_to_spare(sizes, admitted):
     size: it would hold every job there. Two sizes more let rising readings reject it."""
     n = np.array(sizes, float)
     est = estimate(Samples.of(n, 100.0 * np.minimum(n, 6.0)), n_max=64, noise_rel=0.03)
-    assert {p.model for p in est.fits} & {BOUND.name, BOUND_AMDAHL.name} == admitted
+    assert bounds_kept(est) == admitted
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -225,7 +229,7 @@ def test_a_bound_needs_readings_that_show_one(name, rates):
     to scatter it held jobs too small (docs/jpa.md, sessions 16-17)."""
     n = np.array([1, 4, 8, 16, 32], float) if name != "a weak scaler's scatter" else np.arange(1.0, 6.0)
     est = estimate(Samples.of(n, rates), n_max=64, noise_rel=0.03)
-    assert not {p.model for p in est.fits} & {BOUND.name, BOUND_AMDAHL.name}
+    assert not bounds_kept(est)
 
 
 def test_amdahl_is_recovered_exactly():
@@ -420,6 +424,4 @@ def test_the_estimate_module_is_not_shadowed_by_its_function():
     not the function of the same name."""
     import types
 
-    import malleparsl.jpa.estimate as mod
-
-    assert isinstance(mod, types.ModuleType) and mod.estimate is estimate
+    assert isinstance(estimate_module, types.ModuleType) and estimate_module.estimate is estimate

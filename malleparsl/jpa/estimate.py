@@ -80,7 +80,7 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> float | None:
 
 def _drops_at_first_step(sizes: np.ndarray, rates: np.ndarray) -> bool:
     """Whether the smallest multi-node size measured is slower than one node: the one shape
-    the ``net`` term is admitted for (a dip it lets grow again). Without a drop, ``compute``
+    the ``net`` terms are admitted for (a dip they let grow again). Without a drop, ``compute``
     alone describes what ``compute + net`` would fit there, and the ensemble would count
     linear growth twice against the saturating structures: admitted always, it cost ImageNet
     at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15). ``sizes``/``rates``:

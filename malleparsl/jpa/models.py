@@ -5,7 +5,8 @@ few cost terms, so ``rate(n) = 1 / T(n)`` with
 
 .. math::
 
-    T(n) = a / n  +  b  +  d \\cdot [n \\ge 2]  +  c_1 \\log_2 n  +  c_2 (n - 1)  +  e \\cdot [n \\ge 2] / n
+    T(n) = a / n  +  b  +  d \\cdot [n \\ge 2]  +  c_1 \\log_2 n  +  c_2 (n - 1)
+           +  e \\cdot [n \\ge 2] / n  +  g \\log_2 (n) / n
 
 - ``a`` (``compute``): work split evenly across nodes (perfect scaling);
 - ``b`` (``serial``): work every node repeats (Amdahl's serial fraction, a saturating curve);
@@ -19,6 +20,11 @@ few cost terms, so ``rate(n) = 1 / T(n)`` with
   node: data parallelism keeps each node's batch, so a step trains ``n`` batches. Where ``d``
   drops a curve for good, ``e`` drops it at 2 nodes and lets it grow again, linearly: the
   dip of jobs that lose a third of their one-node rate at 2 nodes and pass it at 3 to 5.
+- ``g`` (``net_tree``): with ``e``, the rest of a step's all-reduce when each node keeps its
+  batch: a tree's latency growing with ``log2 n``, per step, so per sample ``log2(n) / n``
+  (``c1`` is the same cost when the global batch is fixed). After a dip the curve then grows
+  less than linearly but keeps growing, which ``e`` alone (growth proportional to ``n``) and
+  the strong-scaling terms (growth that stops) cannot draw.
 
 Amdahl's law with parallel fraction ``p`` is ``a = p / r1``, ``b = (1 - p) / r1``; a saturating
 curve ``R n / (n + K)`` is ``a = K / R``, ``b = 1 / R`` (the same two terms). Pollux's model
@@ -49,19 +55,19 @@ from scipy.optimize import nnls
 
 from malleparsl.errors import SpecError
 
-TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync", "net")
+TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync", "net", "net_tree")
 """The cost terms, in the column order of :func:`design_matrix`."""
 
 
 def design_matrix(n: np.ndarray | Sequence[float]) -> np.ndarray:
-    """Columns ``1/n, 1, [n>=2], log2 n, n-1, [n>=2]/n`` for node counts ``n >= 1`` (shape
-    ``(len(n), 6)``)."""
+    """Columns ``1/n, 1, [n>=2], log2 n, n-1, [n>=2]/n, log2(n)/n`` for node counts ``n >= 1``
+    (shape ``(len(n), 7)``)."""
     x = np.asarray(n, dtype=float)
     if x.size and np.min(x) < 1:
         raise SpecError(f"node counts must be >= 1 to evaluate a throughput model, got {x.min()}")
     return np.stack(
         [1.0 / x, np.ones_like(x), (x >= 2).astype(float), np.log2(x), x - 1.0,
-         (x >= 2).astype(float) / x], axis=-1
+         (x >= 2).astype(float) / x, np.log2(x) / x], axis=-1
     )
 
 
@@ -138,14 +144,14 @@ class Samples:
 
 @dataclass(frozen=True)
 class ModelParams:
-    """A fitted model: the coefficients of all six :data:`TERMS` (zeros for unused ones).
+    """A fitted model: the coefficients of all seven :data:`TERMS` (zeros for unused ones).
 
     ``theta`` is in seconds per sample; ``sse`` is the weighted sum of squared *relative*
     residuals of the fit, the quantity a noise level turns into a chi-square.
     """
 
     model: str
-    theta: tuple[float, float, float, float, float, float]
+    theta: tuple[float, ...]
     sse: float
     n_params: int
     floor: float = 0.0  # seconds per sample the time cannot go below (0: none)
@@ -214,7 +220,7 @@ def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequenc
     """
     single = isinstance(params, ModelParams)
     plist = [params] if single else list(params)  # type: ignore[list-item]
-    theta = np.array([p.theta for p in plist], dtype=float)  # (k, 6)
+    theta = np.array([p.theta for p in plist], dtype=float)  # (k, len(TERMS))
     floor = np.array([p.floor for p in plist], dtype=float)
     t = np.maximum(theta @ design_matrix(n).T, floor[:, None])  # (k, len(n))
     with np.errstate(divide="ignore"):
@@ -231,6 +237,8 @@ SPAN = ThroughputModel("amdahl+span", ("compute", "serial", "span"))
 TREE = ThroughputModel("amdahl+tree", ("compute", "serial", "tree"))
 SYNC = ThroughputModel("amdahl+sync", ("compute", "serial", "sync"))
 NET = ThroughputModel("compute+net", ("compute", "net"))
+# a dip that grows again less than linearly (a weak scaler's tree all-reduce; docs/jpa.md, session 18)
+NET_TREE = ThroughputModel("compute+net+net_tree", ("compute", "net", "net_tree"))
 # the five strong-scaling terms: with ``net`` as a sixth, ImageNet at 0:512 lost 2.3-3.4 points
 # (docs/jpa.md, session 15); ``net`` has its own structure, admitted after a drop (estimate)
 FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
@@ -239,7 +247,7 @@ BOUND = ThroughputModel("compute+bound", ("compute",), floor=True)
 BOUND_AMDAHL = ThroughputModel("amdahl+bound", ("compute", "serial"), floor=True)
 
 MODELS: tuple[ThroughputModel, ...] = (
-    LINEAR, AMDAHL, PEAK, STEP, RING, NET, BOUND, SPAN, TREE, SYNC, BOUND_AMDAHL, FULL)
+    LINEAR, AMDAHL, PEAK, STEP, RING, NET, BOUND, SPAN, TREE, SYNC, NET_TREE, BOUND_AMDAHL, FULL)
 """The structures the estimator weighs, simplest first. Several share a parameter count on
 purpose: two measured sizes fit all two-term models exactly, and their disagreement between and
 beyond those sizes is the uncertainty that makes the advisor look there."""
@@ -252,4 +260,4 @@ def amdahl_params(*, rate1: float, parallel_fraction: float) -> ModelParams:
             f"need rate1 > 0 and parallel_fraction in [0, 1], got {rate1!r}, {parallel_fraction!r}"
         )
     p = parallel_fraction
-    return ModelParams("amdahl", (p / rate1, (1 - p) / rate1, 0.0, 0.0, 0.0, 0.0), 0.0, 2)
+    return ModelParams("amdahl", (p / rate1, (1 - p) / rate1, 0.0, 0.0, 0.0, 0.0, 0.0), 0.0, 2)

@@ -27,6 +27,7 @@ from malleparsl.jpa.models import (
     LINEAR,
     MODELS,
     NET,
+    NET_TREE,
     SYNC,
     Samples,
     amdahl_params,
@@ -78,6 +79,18 @@ def weak_scaling_dip(r1, drop):
     return lambda n: np.asarray(n, float) / (a + e * (np.asarray(n, float) >= 2))
 
 
+def weak_scaling_tree(r1, net, tree):
+    # T(n) = (a + e[n>=2] + g log2 n) / n: per step, an all-reduce once the network joins and a
+    # tree's latency growing with log2 n, each node keeping its batch (e = net a, g = tree a)
+    a = 1 / r1
+
+    def f(n):
+        n = np.asarray(n, float)
+        return n / (a + net * a * (n >= 2) + tree * a * np.log2(n))
+
+    return f
+
+
 def input_bound(r1, eff, cap):
     # near-linear up to cap nodes, then flat: an input pipeline or storage bound (a knee)
     return lambda n: r1 * np.minimum(1 + eff * (np.asarray(n, float) - 1), 1 + eff * (cap - 1))
@@ -94,6 +107,7 @@ SHAPES = st.one_of(
     st.builds(two_node_drop, st.floats(10, 1e5), st.floats(0.05, 0.6)),
     st.builds(peaked, st.floats(10, 1e5), st.floats(2.5, 24)),
     st.builds(weak_scaling_dip, st.floats(10, 1e5), st.floats(0.05, 0.6)),
+    st.builds(weak_scaling_tree, st.floats(10, 1e5), st.floats(0.0, 1.5), st.floats(0.05, 1.5)),
     st.builds(input_bound, st.floats(10, 1e5), st.floats(0.8, 0.98), st.floats(3, 24)),
 )
 
@@ -122,7 +136,32 @@ def test_the_net_term_recovers_a_weak_scaling_dip_exactly():
     n = np.array([1, 2, 4, 8], float)
     got = fit(NET, Samples.of(n, f(n)))
     assert got.sse < 1e-12
-    assert got.theta == pytest.approx((1 / 200, 0, 0, 0, 0, 2 / 200 / 0.6 - 1 / 200), rel=1e-6)
+    assert got.theta == pytest.approx((1 / 200, 0, 0, 0, 0, 2 / 200 / 0.6 - 1 / 200, 0), rel=1e-6)
+
+
+def test_the_net_tree_term_recovers_a_weak_scaling_tree_exactly():
+    f = weak_scaling_tree(200.0, 0.9, 0.95)
+    assert f(2) < f(1) < f(4)  # a dip: 0.7x at 2 nodes, 1.03x at 4
+    n = np.array([1, 2, 4, 8], float)
+    got = fit(NET_TREE, Samples.of(n, f(n)))
+    assert got.sse < 1e-12
+    assert got.theta == pytest.approx((1 / 200, 0, 0, 0, 0, 0.9 / 200, 0.95 / 200), rel=1e-6)
+
+
+def test_a_dip_that_keeps_growing_is_planned_growing():
+    """A job that lost 30 % at 2 nodes and then grew linearly (zoo ``dip``: 0.7, 0.875, 1.05
+    and 1.75 at 2, 3, 4 and 8 nodes) misfits every strong-scaling structure and ``compute + net`` (whose
+    growth after the drop is proportional to n), so its estimate was model-free and flat past
+    the largest size read: 1.75x at 16 nodes where the truth is 3.15x, below the ~3x a grow
+    must pay within the allocator's ``Tfwd`` (docs/jpa.md, sessions 14 and 18). A tree's
+    latency per step (log2(n)/n) draws this growth, and the points still hold."""
+    truth = lambda n: np.where(np.asarray(n) >= 2, 0.35 + 0.175 * np.asarray(n, float), 1.0)  # noqa: E731
+    n = np.array([1, 2, 3, 4, 8], float)
+    s = Samples.of(n, truth(n), [2] * n.size)
+    est = ground_truth(estimate(s, n_max=32, noise_rel=0.05), s, noise_rel=0.05)
+    assert not est.model_free and NET_TREE.name in [p.model for p in est.fits]
+    assert est.mean[16] == pytest.approx(truth(16), rel=0.15)
+    assert est.mean[1:9][n.astype(int) - 1] == pytest.approx(truth(n), rel=0.05)
 
 
 def test_after_a_drop_at_two_nodes_the_estimate_leaves_room_to_grow():
@@ -142,7 +181,7 @@ def test_the_net_term_is_admitted_only_after_a_drop(rates):
     """Without a drop at the first multi-node size it would only count linear growth twice
     against the saturating structures."""
     est = estimate(Samples.of([1, 2, 4], rates), n_max=16, noise_rel=0.03)
-    assert NET.name not in [p.model for p in est.fits]
+    assert {NET.name, NET_TREE.name}.isdisjoint(p.model for p in est.fits)
 
 
 def test_a_drop_is_judged_by_readings_not_by_points():

@@ -147,11 +147,12 @@ def estimate(
              and ("net" not in m.terms or _drops_at_first_step(sizes, rates))
              and (not m.floor or (bounds is not None and distinct.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
+    design, grid = design_matrix(samples.nodes), design_matrix(n_grid)  # once for every fit
     for m in cands:
-        p = fit(m, samples)
+        p = fit(m, samples, design=design)
         if m.floor and not _bound_is_seen(p, *bounds):
             continue
-        pr = predict(p, n_grid)
+        pr = predict(p, n_grid, design=grid)
         if not np.all(np.isfinite(pr)):
             continue
         fits.append(p)

@@ -157,17 +157,19 @@ class ModelParams:
     floor: float = 0.0  # seconds per sample the time cannot go below (0: none)
 
 
-def fit(model: ThroughputModel, samples: Samples) -> ModelParams:
+def fit(model: ThroughputModel, samples: Samples, *, design: np.ndarray | None = None) -> ModelParams:
     """Least-squares fit of ``model`` to ``samples`` with non-negative coefficients (pure).
 
     Minimises ``sum_i w_i (T_model(n_i) / T_i - 1)^2`` where ``T_i = 1 / rate_i``: relative
-    errors, so a 3 % miss weighs the same on a slow and a fast job.
+    errors, so a 3 % miss weighs the same on a slow and a fast job. ``design`` is
+    ``design_matrix(samples.nodes)``, for a caller that fits many structures to one set.
     """
     if len(samples) == 0:
         raise SpecError(f"cannot fit model {model.name!r} to no samples; measure a rate first")
+    design = design_matrix(samples.nodes) if design is None else design
     if model.floor:
-        return _fit_floored(model, samples)
-    phi = design_matrix(samples.nodes)[:, model.columns]
+        return _fit_floored(model, samples, design)
+    phi = design[:, model.columns]
     coef, sse = _nnls(phi, 1.0 / samples.rates, samples.weight)
     theta = np.zeros(len(TERMS))
     theta[model.columns] = coef
@@ -178,7 +180,7 @@ def _nnls(phi: np.ndarray, t_obs: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
     """The coefficients of the terms ``phi`` (design-matrix columns) for times per sample
     ``t_obs``, and their weighted relative SSE."""
     sw = np.sqrt(w)
-    scale = float(np.median(t_obs))  # condition the problem: coefficients near 1
+    scale = _median(t_obs)  # condition the problem: coefficients near 1
     a_mat = (phi / t_obs[:, None]) * sw[:, None]
     coef, _ = nnls(a_mat * scale, sw, maxiter=50 * phi.shape[1])
     coef = coef * scale
@@ -186,14 +188,22 @@ def _nnls(phi: np.ndarray, t_obs: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
     return coef, float(np.sum(w * resid**2))
 
 
-def _fit_floored(model: ThroughputModel, samples: Samples) -> ModelParams:
+def _median(x: np.ndarray) -> float:
+    """``np.median`` of a short 1-D array, bit for bit, without its generality (it was a sixth
+    of a replay's time)."""
+    s = np.sort(x)
+    m = s.size // 2
+    return float(s[m]) if s.size % 2 else float((s[m - 1] + s[m]) / 2)
+
+
+def _fit_floored(model: ThroughputModel, samples: Samples, design: np.ndarray) -> ModelParams:
     """``T(n) = max(terms(n), floor)``: every split of the sizes into a rising part (fitted by
     the terms) and a flat part (the floor, their weighted best constant) is tried, and the one
     with the least relative SSE of the whole kinked curve wins. No split (floor 0) is one of
     them, so the structure fits at least as well as its terms alone."""
     nodes, w = samples.nodes, samples.weight
     t_obs = 1.0 / samples.rates
-    phi = design_matrix(nodes)[:, model.columns]
+    phi = design[:, model.columns]
     coef, sse = _nnls(phi, t_obs, w)  # no flat part
     best = (sse, coef, 0.0)
     for k in np.unique(nodes):  # the flat part is every size >= k (the smallest: all flat)
@@ -212,17 +222,24 @@ def _fit_floored(model: ThroughputModel, samples: Samples) -> ModelParams:
     return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params, float(c))  # type: ignore[arg-type]
 
 
-def predict(params: ModelParams | Sequence[ModelParams], n: np.ndarray | Sequence[float]) -> np.ndarray:
+def predict(
+    params: ModelParams | Sequence[ModelParams],
+    n: np.ndarray | Sequence[float],
+    *,
+    design: np.ndarray | None = None,
+) -> np.ndarray:
     """Samples/s at node counts ``n`` (vectorised over counts and over a list of fits).
 
     One fit gives shape ``(len(n),)``; a list of ``k`` fits gives ``(k, len(n))``. A fit whose
     time per sample is zero (nothing measured that constrains it) predicts ``inf``; callers cap.
+    ``design`` is ``design_matrix(n)``, for a caller that predicts many fits at one grid.
     """
     single = isinstance(params, ModelParams)
     plist = [params] if single else list(params)  # type: ignore[list-item]
     theta = np.array([p.theta for p in plist], dtype=float)  # (k, len(TERMS))
     floor = np.array([p.floor for p in plist], dtype=float)
-    t = np.maximum(theta @ design_matrix(n).T, floor[:, None])  # (k, len(n))
+    design = design_matrix(n) if design is None else design
+    t = np.maximum(theta @ design.T, floor[:, None])  # (k, len(n))
     with np.errstate(divide="ignore"):
         out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
     return out[0] if single else out

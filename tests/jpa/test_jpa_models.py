@@ -259,6 +259,24 @@ def test_the_bounds_prefilter_never_changes_an_estimate(curve, noise, seed):
     assert np.array_equal(got.mean, every.mean) and np.array_equal(got.sigma, every.sigma)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(curve=SHAPES, noise=st.floats(0.0, 0.10), seed=st.integers(0, 2**16))
+def test_without_a_drop_the_net_tree_structure_changes_nothing(curve, noise, seed):
+    """``compute+net+net_tree`` is for dips: readings that do not drop at the first multi-node
+    size get the estimate they got without it, bit for bit (session 18's replays of the
+    families without a dip were identical); readings that drop may use it."""
+    rng = np.random.default_rng(seed)
+    s = aggregate(noisy(curve, SIZES, 3, noise, rng))
+    sig = max(noise, 0.01)
+    got = estimate(s, n_max=64, noise_rel=sig)
+    before = estimate(s, n_max=64, noise_rel=sig, models=[m for m in MODELS if m is not NET_TREE])
+    if s.rates[1] < s.rates[0]:  # a drop: the structure may be fitted, and nothing else changes
+        assert [p.model for p in got.fits if p.model != NET_TREE.name] == [p.model for p in before.fits]
+    else:
+        assert NET_TREE.name not in [p.model for p in got.fits]
+        assert np.array_equal(got.mean, before.mean) and np.array_equal(got.sigma, before.sigma)
+
+
 @pytest.mark.parametrize(("name", "rates"), [
     ("rising", [100.0, 400.0, 800.0, 1600.0, 3200.0]),  # no flat part: the bound is 0
     ("past a peak", [100.0, 380.0, 700.0, 600.0, 380.0]),  # the flat part falls

@@ -32,7 +32,6 @@ from malleparsl.jpa.models import (
     Samples,
     _median,
     amdahl_params,
-    design_matrix,
     fit,
     predict,
 )
@@ -305,15 +304,6 @@ def test_the_fits_median_is_numpys_bit_for_bit(xs):
     """The NNLS scaling's median is hand-written for speed; a fit must not move by a bit."""
     x = np.asarray(xs)
     assert _median(x) == float(np.median(x))
-
-
-def test_a_precomputed_design_gives_the_same_fit_and_prediction():
-    s = Samples.of([1, 2, 4, 8, 16], [100.0, 180.0, 300.0, 420.0, 430.0], [2, 2, 1, 3, 2])
-    grid = np.arange(1, 33, dtype=float)
-    for m in MODELS:
-        p = fit(m, s)
-        assert fit(m, s, design=design_matrix(s.nodes)) == p
-        assert np.array_equal(predict(p, grid, design=design_matrix(grid)), predict(p, grid))
 
 
 def test_predict_is_vectorised_over_sizes_and_fits():

@@ -135,16 +135,18 @@ def estimate(
     if len(samples) == 0:
         raise SpecError("cannot estimate a curve from no samples; measure one rate first")
     sigma_obs = max(noise_rel if noise_rel is not None else 0.05, MIN_NOISE)
-    distinct = np.unique(samples.nodes)
     n_grid = np.arange(1, n_max + 1, dtype=float)
-    sizes, rates, counts = _point_means(samples)  # once: the drop test and the bounds' check
+    # once per estimate: the drop test, the bounds' check and the measurement error below
+    sizes, rates, counts = _point_means(samples)
+    distinct = sizes
+    drop = _drops_at_first_step(sizes, rates)
     # the bounded structures only where two sizes could show a floor (each within ``tol``)
     bounds = None
     if any(m.floor and distinct.size >= m.n_params + FLOOR_EXTRA for m in models):
         tol = FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
         bounds = (sizes, rates, tol) if _two_sizes_could_agree(rates, tol) else None
     cands = [m for m in models if m.n_params <= max(1, distinct.size)
-             and ("net" not in m.terms or _drops_at_first_step(sizes, rates))
+             and ("net" not in m.terms or drop)
              and (not m.floor or (bounds is not None and distinct.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     design, grid = design_matrix(samples.nodes), design_matrix(n_grid)  # once for every fit
@@ -168,7 +170,6 @@ def estimate(
     model_var = w @ (p_mat - mean) ** 2
 
     # measurement error of the nearest measured size, inflated per doubling of distance
-    counts = np.array([samples.weight[samples.nodes == d].sum() for d in distinct])
     se_rel = sigma_obs / np.sqrt(counts)
     dist = np.abs(np.log2(n_grid[:, None]) - np.log2(distinct[None, :]))  # (n_max, k)
     near = np.argmin(dist, axis=1)

@@ -56,6 +56,35 @@ def test_peak_rises_to_a_peak_and_declines():
     assert {8, 12} <= set(peaks)
 
 
+def test_composite_has_every_feature_the_issue_names_in_its_curves():
+    """Dips at the first multi-node size, peaks at 8-16 then declines, irregular points, rates
+    over four orders of magnitude, a few hours of work at one node, all in one family."""
+    cs = [c for s in range(4) for c in family_curves("composite", seed=s)]
+    rs = [rates(c) for c in cs]
+    assert sum(r[2] < r[1] for r in rs) >= 6  # a drop at 2 nodes...
+    assert all(np.max(r[3:]) > r[1] for r in rs)  # ...passed again later
+    peaked = [r for r in rs if 8 <= int(np.argmax(r)) <= 20 and r[64] < 0.5 * np.max(r)]
+    assert len(peaked) >= 6
+    # irregular: second differences of the log rate change sign far more often than a smooth curve's
+    flips = [np.mean(np.diff(np.sign(np.diff(np.log(r[1:]), 2))) != 0) for r in rs]
+    assert np.median(flips) > 0.3
+    r1 = [c.rate(1) for c in cs]
+    assert max(r1) / min(r1) > 1e3
+    hours = [j.total_samples / j.curve.rate(1) / 3600 for j in zoo_jobs("composite", n_jobs=30)]
+    assert min(hours) >= 1.5 and max(hours) <= 6.0
+    assert "composite" in HELD_OUT
+
+
+def test_a_family_added_later_leaves_the_others_curves_as_they_were():
+    """Each family draws from its own stream: every figure in docs/jpa.md stays reproducible."""
+    assert family_curves("dip", seed=0)[0].rate(2) == pytest.approx(1779.2949509724212, rel=1e-12)
+    assert family_curves("step", seed=0)[0].rate(1) == pytest.approx(1930.9752392674798, rel=1e-12)
+    assert family_curves("rates", seed=0)[0].rate(1) == pytest.approx(0.715178175073471, rel=1e-12)
+    short = zoo_jobs("short", seed=1, n_jobs=3)[2]
+    assert short.job_id == "Z0002-short-1-3"
+    assert short.total_samples == pytest.approx(3474674.680481874, rel=1e-12)
+
+
 def test_rates_span_four_orders_of_magnitude_and_short_long_jobs():
     r1 = [c.rate(1) for s in range(4) for c in family_curves("rates", seed=s)]
     assert max(r1) / min(r1) > 1e3

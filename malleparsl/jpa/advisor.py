@@ -12,7 +12,8 @@ its rate there is stable (warm-up readings excluded) or it falls silent. Probes 
 node-seconds stay within ``probe_share`` of all node-seconds used (plus one probe's worth of
 credit). Everything else goes to the policy (the MILP): predictable jobs with their learned
 curves, unpredictable jobs not being probed with a negligible curve (they get only nodes no
-predictable job gains from, which also yields measurements).
+predictable job gains from, which also yields measurements; the curve is concave, so those nodes
+spread over them instead of all going to one).
 
 The curve a predictable job is planned with is **optimistic where unexplored, within the
 linear bound**: ``min(mean + kappa * sigma, best measured per-node rate * n)``. Near measured
@@ -325,12 +326,20 @@ class JobProfilingAdvisor(CurveAdvisor):
         return max(int(ok[0]) + 1, rec.spec.min_nodes)
 
     def _placeholder(self, job_id: str, n_tab: int, eps: float) -> ScalingCurve:
-        """``eps`` per node: an unpredictable job is worth (almost) nothing to grow."""
+        """``eps * sqrt(n)``: an unpredictable job is worth (almost) nothing to grow, and the
+        nodes no predictable job gains from spread over the unpredictable jobs.
+
+        With ``eps`` per node every split of those nodes was worth the same, and the solver's
+        tie-break gave them all to one job: its first reading came at whatever number of nodes
+        was spare (64 on the ``composite`` family, at 0.41x its one-node rate), a size no plan
+        would choose, while the other unknown jobs waited. Concave, the nodes go first one to
+        each job, then evenly (docs/jpa.md, session 19)."""
         hit = self._placeholders.get(job_id)
         if hit is not None and hit[0] == (n_tab, eps):
             return hit[1]
-        curve = ScalingCurve((1, n_tab) if n_tab > 1 else (1,),
-                             (eps, eps * n_tab) if n_tab > 1 else (eps,), name=job_id)
+        n = np.arange(1, n_tab + 1)
+        curve = ScalingCurve(tuple(int(k) for k in n), tuple(float(v) for v in eps * np.sqrt(n)),
+                             name=job_id)
         self._placeholders[job_id] = ((n_tab, eps), curve)
         return curve
 

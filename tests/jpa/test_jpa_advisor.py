@@ -568,3 +568,17 @@ def test_a_job_that_read_a_drop_at_two_nodes_is_planned_past_it():
     curve = jpa.planning_curve(jpa.records["j"], 16)
     assert curve.rate(2) < curve.rate(1)  # the drop it read stands
     assert max(curve.rate(k) for k in range(3, 9)) > 1.5 * curve.rate(1)
+
+
+def test_spare_nodes_spread_over_the_unknown_jobs_not_probed():
+    """Nodes no predictable job gains from go to the unknown jobs the probe budget leaves
+    waiting: one each, then evenly. A linear placeholder made every split worth the same and
+    the solver gave all 23 to one job (its first reading at 23 nodes, the others none)."""
+    jpa, ctl = make(n_nodes=24, max_probe_frac=0.05)
+    for j in "abcd":
+        ctl.submit(JobSpec(j, min_nodes=1, max_nodes=24, rescale_up_s=1.0), now_s=0)
+    ctl.replan(now_s=0)
+    probed = set(jpa.probe_requests())
+    assert len(probed) == 1 and all(ctl.allocation.size(j) == 1 for j in probed)
+    sizes = [ctl.allocation.size(j) for j in "abcd" if j not in probed]
+    assert sum(sizes) == 23 and max(sizes) - min(sizes) <= 1, sizes

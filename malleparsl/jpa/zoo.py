@@ -110,7 +110,7 @@ def _mixed_shape(rng: np.random.Generator, n: np.ndarray) -> np.ndarray:
 
 _SHAPERS: dict[str, Callable[[np.random.Generator, np.ndarray], np.ndarray]] = {
     "dip": _dip, "peak": _peak, "plateau": _plateau, "step": _step, "noisy": _noisy,
-    "nearlinear": _nearlinear, "composite": _composite,
+    "nearlinear": _nearlinear,
 }
 
 

@@ -570,6 +570,23 @@ def test_a_job_that_read_a_drop_at_two_nodes_is_planned_past_it():
     assert max(curve.rate(k) for k in range(3, 9)) > 1.5 * curve.rate(1)
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_jobs=st.integers(2, 6), extra=st.integers(0, 30))
+def test_spare_nodes_spread_evenly_for_any_queue_and_machine(n_jobs, extra):
+    """Property of the concave placeholder: whatever the number of unknown jobs and of spare
+    nodes, the jobs not probed end within one node of each other and every node is used."""
+    n_nodes = n_jobs + extra
+    jpa, ctl = make(n_nodes=n_nodes, max_probe_frac=1.0 / n_nodes)  # room for one probe
+    names = [f"j{i}" for i in range(n_jobs)]
+    for j in names:
+        ctl.submit(JobSpec(j, min_nodes=1, max_nodes=n_nodes, rescale_up_s=1.0), now_s=0)
+    ctl.replan(now_s=0)
+    probed = set(jpa.probe_requests())
+    assert len(probed) == 1
+    sizes = [ctl.allocation.size(j) for j in names if j not in probed]
+    assert sum(sizes) == n_nodes - 1 and max(sizes) - min(sizes) <= 1, sizes
+
+
 def test_spare_nodes_spread_over_the_unknown_jobs_not_probed():
     """Nodes no predictable job gains from go to the unknown jobs the probe budget leaves
     waiting: one each, then evenly. A linear placeholder made every split worth the same and

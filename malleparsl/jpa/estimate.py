@@ -138,16 +138,15 @@ def estimate(
     n_grid = np.arange(1, n_max + 1, dtype=float)
     # once per estimate: the drop test, the bounds' check and the measurement error below
     sizes, rates, counts = _point_means(samples)
-    distinct = sizes
     drop = _drops_at_first_step(sizes, rates)
     # the bounded structures only where two sizes could show a floor (each within ``tol``)
     bounds = None
-    if any(m.floor and distinct.size >= m.n_params + FLOOR_EXTRA for m in models):
+    if any(m.floor and sizes.size >= m.n_params + FLOOR_EXTRA for m in models):
         tol = FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
         bounds = (sizes, rates, tol) if _two_sizes_could_agree(rates, tol) else None
-    cands = [m for m in models if m.n_params <= max(1, distinct.size)
+    cands = [m for m in models if m.n_params <= max(1, sizes.size)
              and ("net" not in m.terms or drop)
-             and (not m.floor or (bounds is not None and distinct.size >= m.n_params + FLOOR_EXTRA))]
+             and (not m.floor or (bounds is not None and sizes.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     design, grid = design_matrix(samples.nodes), design_matrix(n_grid)  # once for every fit
     for m in cands:
@@ -171,14 +170,14 @@ def estimate(
 
     # measurement error of the nearest measured size, inflated per doubling of distance
     se_rel = sigma_obs / np.sqrt(counts)
-    dist = np.abs(np.log2(n_grid[:, None]) - np.log2(distinct[None, :]))  # (n_max, k)
+    dist = np.abs(np.log2(n_grid[:, None]) - np.log2(sizes[None, :]))  # (n_max, k)
     near = np.argmin(dist, axis=1)
     meas_sd = mean * se_rel[near] * (1.0 + dist[np.arange(n_max), near])
     sigma = np.sqrt(model_var + meas_sd**2)
     return CurveEstimate(
         mean=np.concatenate([[0.0], mean]),
         sigma=np.concatenate([[0.0], sigma]),
-        measured=tuple(int(d) for d in distinct),
+        measured=tuple(int(d) for d in sizes),
         fits=tuple(fits),
         weights=tuple(float(v) for v in w),
         model_sigma=np.concatenate([[0.0], np.sqrt(model_var)]),

@@ -204,19 +204,19 @@ def bench_jpa(
         for r in rows:
             r |= {"nodes": sl, "hours": hours, "jobs": jobs}
             if as_json:
-                typer.echo(json.dumps(r))
+                typer.echo(json.dumps(_clean(r)))
         if not as_json:
             typer.echo(f"\n{trace} nodes {sl}, {hours:g} h, jobs {jobs}, noise {noise:.0%}, "
                        f"mean idle {tr.mean_idle_nodes():.1f} nodes")
-            typer.echo(f"{'setup':<20}{'samples':>12}{'% oracle':>10}{'done':>6}{'rescales':>9}"
-                       f"{'profiling':>11}{'MAPE end':>10}{'MAPE dec':>10}{'dec eff':>9}"
-                       f"{'wall s':>8}")
+            typer.echo(f"{'setup':<20}{'samples':>12}{'% oracle':>10}{'% progress':>11}{'done':>6}"
+                       f"{'rescales':>9}{'profiling':>11}{'MAPE end':>10}{'MAPE dec':>10}"
+                       f"{'dec eff':>9}{'wall s':>8}")
             for r in rows:
                 extra = (f"{r['profiling_share']:>10.2%} {r['mape_final']:>9.1%} "
                          f"{r['mape_decision']:>9.1%} {r['decision_eff']:>7.1f}%"
                          if "profiling_share" in r else f"{'':>40}")
                 typer.echo(f"{r['setup']:<20}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
-                           f"{r['jobs_done']:>6}{r['rescales']:>9} {extra}{r['wall_s']:>8.1f}")
+                           f"{r['pct_progress']:>10.1f}%{r['jobs_done']:>6}{r['rescales']:>9} {extra}{r['wall_s']:>8.1f}")
 
 
 def _bench_zoo(trace: str, jobs: str, nodes: str, hours: float, setups: str, noise: float,

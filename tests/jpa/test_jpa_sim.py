@@ -119,3 +119,36 @@ def test_curve_errors_compare_against_the_truth():
     jpa.records["a"].ran_ns.update({1: 10.0, 4: 10.0})
     final, decision = curve_errors(jpa, {"a": truth})
     assert final == pytest.approx(0.05, abs=0.02) and math.isnan(decision)
+
+
+def test_bench_jpa_on_a_users_job_set_reports_both_measures_in_strict_json(tmp_path):
+    """A user's own measured curves (a job CSV and its ``_curves.csv``, as the issue's held-out
+    set comes): the table shows % of the oracle in samples and in normalised progress (it
+    showed samples only), and ``--json`` stays strict JSON when no oracle ran (it printed NaN)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from malleparsl.cli import app
+
+    (tmp_path / "mine_curves.csv").write_text(
+        "model,nodes,samples_per_s\n"
+        + "".join(f"dipper,{n},{r}\n" for n, r in [(0, 0), (1, 100), (2, 60), (3, 120), (8, 300)])
+        + "".join(f"peaker,{n},{r}\n" for n, r in [(0, 0), (1, 2), (4, 7), (8, 12), (16, 6)]))
+    jobs = tmp_path / "mine.csv"  # submitted 12 h in: before that, 0:32 has no idle node
+    jobs.write_text("job,model,min_nodes,max_nodes,total_samples,rescale_up_s,rescale_down_s,submit_s\n"
+                    + "".join(f"J{i},{m},1,16,{t},10,5,{43200 + 600 * i}\n"
+                              for i, (m, t) in enumerate([("dipper", 2e6), ("peaker", 4e4)] * 3)))
+    run = CliRunner().invoke(app, ["bench", "jpa", "--jobs", str(jobs), "--nodes", "0:32",
+                                   "--hours", "6", "--setups", "milp,milp+jpa"])
+    assert run.exit_code == 0, run.output
+    head = next(line for line in run.output.splitlines() if line.startswith("setup"))
+    assert "% oracle" in head and "% progress" in head
+    oracle = next(line for line in run.output.splitlines() if line.startswith("milp "))
+    assert oracle.count("100.0%") == 2
+    alone = CliRunner().invoke(app, ["bench", "jpa", "--jobs", str(jobs), "--nodes", "0:32",
+                                     "--hours", "6", "--setups", "milp+jpa", "--json"])
+    assert alone.exit_code == 0, alone.output
+    row = json.loads(alone.output.strip().splitlines()[-1], parse_constant=pytest.fail)
+    assert row["pct_of_oracle"] is None and row["pct_progress"] is None
+    assert row["progress"] > 0 and 0 <= row["profiling_share"] <= 1

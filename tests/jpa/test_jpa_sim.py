@@ -149,6 +149,7 @@ def test_bench_jpa_on_a_users_job_set_reports_both_measures_in_strict_json(tmp_p
     alone = CliRunner().invoke(app, ["bench", "jpa", "--jobs", str(jobs), "--nodes", "0:32",
                                      "--hours", "6", "--setups", "milp+jpa", "--json"])
     assert alone.exit_code == 0, alone.output
-    row = json.loads(alone.output.strip().splitlines()[-1], parse_constant=pytest.fail)
+    row = json.loads(alone.output.strip().splitlines()[-1],
+                     parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert row["pct_of_oracle"] is None and row["pct_progress"] is None
     assert row["progress"] > 0 and 0 <= row["profiling_share"] <= 1

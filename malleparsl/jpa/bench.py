@@ -216,7 +216,8 @@ def bench_jpa(
                          f"{r['mape_decision']:>9.1%} {r['decision_eff']:>7.1f}%"
                          if "profiling_share" in r else f"{'':>40}")
                 typer.echo(f"{r['setup']:<20}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
-                           f"{r['pct_progress']:>10.1f}%{r['jobs_done']:>6}{r['rescales']:>9} {extra}{r['wall_s']:>8.1f}")
+                           f"{r['pct_progress']:>10.1f}%{r['jobs_done']:>6}{r['rescales']:>9} {extra}"
+                           f"{r['wall_s']:>8.1f}")
 
 
 def _bench_zoo(trace: str, jobs: str, nodes: str, hours: float, setups: str, noise: float,

@@ -142,9 +142,10 @@ def test_bench_jpa_on_a_users_job_set_reports_both_measures_in_strict_json(tmp_p
     run = CliRunner().invoke(app, ["bench", "jpa", "--jobs", str(jobs), "--nodes", "0:32",
                                    "--hours", "6", "--setups", "milp,milp+jpa"])
     assert run.exit_code == 0, run.output
-    head = next(line for line in run.output.splitlines() if line.startswith("setup"))
+    lines = run.output.splitlines()
+    head = next(line for line in lines if line.startswith("setup"))
     assert "% oracle" in head and "% progress" in head
-    oracle = next(line for line in run.output.splitlines() if line.startswith("milp "))
+    oracle = next(line for line in lines if line.startswith("milp "))
     assert oracle.count("100.0%") == 2
     alone = CliRunner().invoke(app, ["bench", "jpa", "--jobs", str(jobs), "--nodes", "0:32",
                                      "--hours", "6", "--setups", "milp+jpa", "--json"])

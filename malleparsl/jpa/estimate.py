@@ -80,10 +80,11 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> float | None:
 
 def _drops_at_first_step(sizes: np.ndarray, rates: np.ndarray) -> bool:
     """Whether the smallest multi-node size measured is slower than one node: the one shape
-    the ``net`` terms are admitted for (a dip they let grow again). Without a drop, ``compute``
-    alone describes what ``compute + net`` would fit there, and the ensemble would count
-    linear growth twice against the saturating structures: admitted always, it cost ImageNet
-    at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15). ``sizes``/``rates``:
+    the ``net`` terms and the split structures are admitted for (a dip they let grow again).
+    Without a drop, ``compute`` alone describes what ``compute + net`` would fit there, and the
+    ensemble would count linear growth twice against the saturating structures: admitted
+    always, it cost ImageNet at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15);
+    a split structure would repeat its unsplit one. ``sizes``/``rates``:
     :func:`_point_means` (each point counts by its readings, or pseudo-count)."""
     return sizes.size >= 2 and sizes[0] == 1 and bool(rates[1] < rates[0])
 
@@ -145,7 +146,7 @@ def estimate(
         tol = FLAT_Z * sigma_obs / np.sqrt(np.maximum(counts, 1.0))
         bounds = (sizes, rates, tol) if _two_sizes_could_agree(rates, tol) else None
     cands = [m for m in models if m.n_params <= max(1, sizes.size)
-             and ("net" not in m.terms or drop)
+             and (not m.for_dips or drop)
              and (not m.floor or (bounds is not None and sizes.size >= m.n_params + FLOOR_EXTRA))]
     fits, scores, preds = [], [], []
     design, grid = design_matrix(samples.nodes), design_matrix(n_grid)  # once for every fit

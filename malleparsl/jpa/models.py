@@ -41,6 +41,14 @@ flat past it, which no smooth sum of terms draws. It is fitted by trying every s
 measured sizes into a rising part (NNLS on the terms) and a flat part (their best constant);
 :mod:`~malleparsl.jpa.estimate` admits it only where two sizes read the floor.
 
+A *split* structure (``dip``) fits its terms to the sizes of two or more nodes alone and the
+one-node time apart, as one more coefficient: a job whose rate drops when it first spans two
+nodes runs in two regimes (one node; the network joined), and from two nodes on its curve may
+saturate or peak as any other. ``compute + net`` is the split linear structure and
+``compute + net + net_tree`` the split ``compute + net_tree``; the split saturating and peaking
+structures are their alternatives, without which every dip was extrapolated linearly with
+little spread (docs/jpa.md, session 21). They are admitted only after a drop, as ``net``.
+
 The structures are nested subsets of the terms; the :mod:`~malleparsl.jpa.estimate` module
 weighs them against each other for an uncertainty.
 """
@@ -78,6 +86,7 @@ class ThroughputModel:
     name: str
     terms: tuple[str, ...]
     floor: bool = False  # a time per sample the curve cannot go below (see fit)
+    split: bool = False  # the terms from two nodes on, the one-node time apart (see fit)
 
     def __post_init__(self) -> None:
         bad = [t for t in self.terms if t not in TERMS]
@@ -85,10 +94,17 @@ class ThroughputModel:
             raise SpecError(
                 f"model {self.name!r}: unknown term(s) {bad} or none given; use terms from {TERMS}"
             )
+        if self.floor and self.split:
+            raise SpecError(f"model {self.name!r}: a structure is bounded or split, not both")
 
     @property
     def n_params(self) -> int:
-        return len(self.terms) + int(self.floor)
+        return len(self.terms) + int(self.floor) + int(self.split)
+
+    @property
+    def for_dips(self) -> bool:
+        """Whether the structure draws a drop at two nodes (admitted only after one)."""
+        return self.split or "net" in self.terms
 
     @property
     def columns(self) -> list[int]:
@@ -155,6 +171,7 @@ class ModelParams:
     sse: float
     n_params: int
     floor: float = 0.0  # seconds per sample the time cannot go below (0: none)
+    one_node: float = 0.0  # seconds per sample at one node, fitted apart (0: the terms')
 
 
 def fit(model: ThroughputModel, samples: Samples, *, design: np.ndarray | None = None) -> ModelParams:
@@ -169,6 +186,8 @@ def fit(model: ThroughputModel, samples: Samples, *, design: np.ndarray | None =
     design = design_matrix(samples.nodes) if design is None else design
     if model.floor:
         return _fit_floored(model, samples, design)
+    if model.split:
+        return _fit_split(model, samples, design)
     phi = design[:, model.columns]
     coef, sse = _nnls(phi, 1.0 / samples.rates, samples.weight)
     theta = np.zeros(len(TERMS))
@@ -196,6 +215,28 @@ def _median(x: np.ndarray) -> float:
     return float(s[m]) if s.size % 2 else float((s[m - 1] + s[m]) / 2)
 
 
+def _best_constant(t_obs: np.ndarray, w: np.ndarray) -> float:
+    """The time per sample ``c`` minimising ``sum w (c / T - 1)^2`` over readings ``T``."""
+    return float(np.sum(w / t_obs) / np.sum(w / t_obs**2))
+
+
+def _fit_split(model: ThroughputModel, samples: Samples, design: np.ndarray) -> ModelParams:
+    """The terms fitted to the readings at two or more nodes, the one-node time to those at one
+    node (their best constant; 0, from the terms, when there are none)."""
+    t_obs, w = 1.0 / samples.rates, samples.weight
+    multi = samples.nodes >= 2
+    theta = np.zeros(len(TERMS))
+    sse, one = 0.0, 0.0
+    if multi.any():
+        coef, sse = _nnls(design[multi][:, model.columns], t_obs[multi], w[multi])
+        theta[model.columns] = coef
+    if not multi.all():
+        one = _best_constant(t_obs[~multi], w[~multi])
+        sse += float(np.sum(w[~multi] * (one / t_obs[~multi] - 1.0) ** 2))
+    return ModelParams(model.name, tuple(float(v) for v in theta), sse, model.n_params,
+                       one_node=one)
+
+
 def _fit_floored(model: ThroughputModel, samples: Samples, design: np.ndarray) -> ModelParams:
     """``T(n) = max(terms(n), floor)``: every split of the sizes into a rising part (fitted by
     the terms) and a flat part (the floor, their weighted best constant) is tried, and the one
@@ -209,7 +250,7 @@ def _fit_floored(model: ThroughputModel, samples: Samples, design: np.ndarray) -
     for k in np.unique(nodes):  # the flat part is every size >= k (the smallest: all flat)
         flat = nodes >= k
         # the flat part's best constant time: min sum w (c / T - 1)^2
-        c = float(np.sum(w[flat] / t_obs[flat]) / np.sum(w[flat] / t_obs[flat] ** 2))
+        c = _best_constant(t_obs[flat], w[flat])
         rise = ~flat
         coef = (_nnls(phi[rise], t_obs[rise], w[rise])[0] if rise.any()
                 else np.zeros(len(model.columns)))
@@ -240,6 +281,9 @@ def predict(
     floor = np.array([p.floor for p in plist], dtype=float)
     design = design_matrix(n) if design is None else design
     t = np.maximum(theta @ design.T, floor[:, None])  # (k, len(n))
+    one = np.array([p.one_node for p in plist], dtype=float)
+    if np.any(one > 0):  # split fits: their own time at one node (where [n >= 2] is 0)
+        t = np.where((design[:, 2] == 0)[None, :] & (one[:, None] > 0), one[:, None], t)
     with np.errstate(divide="ignore"):
         out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
     return out[0] if single else out
@@ -263,8 +307,14 @@ FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
 BOUND = ThroughputModel("compute+bound", ("compute",), floor=True)
 BOUND_AMDAHL = ThroughputModel("amdahl+bound", ("compute", "serial"), floor=True)
 
+# past a drop, the curve from two nodes on saturates or peaks as any other (docs/jpa.md,
+# session 21): the split linear and ``net_tree`` structures are ``NET`` and ``NET_TREE``
+DIP_AMDAHL, DIP_PEAK, DIP_RING, DIP_TREE, DIP_SYNC = (
+    ThroughputModel(f"{m.name}, dip", m.terms, split=True) for m in (AMDAHL, PEAK, RING, TREE, SYNC))
+
 MODELS: tuple[ThroughputModel, ...] = (
-    LINEAR, AMDAHL, PEAK, STEP, RING, NET, BOUND, SPAN, TREE, SYNC, NET_TREE, BOUND_AMDAHL, FULL)
+    LINEAR, AMDAHL, PEAK, STEP, RING, NET, BOUND, SPAN, TREE, SYNC, NET_TREE, BOUND_AMDAHL, FULL,
+    DIP_AMDAHL, DIP_PEAK, DIP_RING, DIP_TREE, DIP_SYNC)
 """The structures the estimator weighs, simplest first. Several share a parameter count on
 purpose: two measured sizes fit all two-term models exactly, and their disagreement between and
 beyond those sizes is the uncertainty that makes the advisor look there."""

@@ -65,6 +65,7 @@ from malleparsl.errors import SpecError
 
 TERMS: tuple[str, ...] = ("compute", "serial", "span", "tree", "sync", "net", "net_tree")
 """The cost terms, in the column order of :func:`design_matrix`."""
+_SPAN = TERMS.index("span")  # the design matrix's [n >= 2] column: 0 exactly at one node
 
 
 def design_matrix(n: np.ndarray | Sequence[float]) -> np.ndarray:
@@ -281,9 +282,10 @@ def predict(
     floor = np.array([p.floor for p in plist], dtype=float)
     design = design_matrix(n) if design is None else design
     t = np.maximum(theta @ design.T, floor[:, None])  # (k, len(n))
-    one = np.array([p.one_node for p in plist], dtype=float)
-    if np.any(one > 0):  # split fits: their own time at one node (where [n >= 2] is 0)
-        t = np.where((design[:, 2] == 0)[None, :] & (one[:, None] > 0), one[:, None], t)
+    if any(p.one_node > 0 for p in plist):  # split fits: their own time at one node
+        one = np.array([p.one_node for p in plist], dtype=float)
+        at_one = design[:, _SPAN] == 0  # the [n >= 2] column
+        t = np.where(at_one[None, :] & (one[:, None] > 0), one[:, None], t)
     with np.errstate(divide="ignore"):
         out = np.where(t > 0, 1.0 / np.where(t > 0, t, 1.0), np.inf)
     return out[0] if single else out

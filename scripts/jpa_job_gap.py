@@ -24,23 +24,24 @@ import numpy as np
 import pandas as pd
 
 from malleparsl.jpa.advisor import JobProfilingAdvisor
-from malleparsl.jpa.bench_zoo import family_jobs
+from malleparsl.jpa.bench_zoo import zoo_case
 from malleparsl.jpa.sim_setups import SIM_DEFAULTS
 from malleparsl.model import JobSpec
 from malleparsl.sim.engine import SimOptions, SimResult, simulate
-from malleparsl.traces import load_trace
+from malleparsl.traces import IdleTrace, load_trace
 
 VIEW_SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def replay(family: str, nodes: str, seed: int, hours: float = 24.0,
+def case(family: str, nodes: str, seed: int, hours: float = 24.0) -> tuple[IdleTrace, list[JobSpec]]:
+    """The Summit window and the jobs of one case, as ``bench jpa --jobs zoo`` replays it."""
+    return zoo_case(load_trace("summit", nodes=nodes), family, seed=seed, hours=hours)
+
+
+def replay(trace: IdleTrace, specs: list[JobSpec], seed: int,
            on_views: Callable[[float, list, JobProfilingAdvisor], None] | None = None,
-           ) -> tuple[SimResult, SimResult, list[JobSpec]]:
-    """The oracle's and the JPA's runs of one case, as ``bench jpa`` replays it."""
-    full = load_trace("summit", nodes=nodes)
-    specs = family_jobs(family, seed=seed, start_s=full.start_s)
-    t0 = max(full.start_s, min(j.submit_s for j in specs))
-    trace = full.window(t0, min(full.end_s, t0 + 3600 * hours))
+           ) -> tuple[SimResult, SimResult]:
+    """The oracle's and the JPA's runs of one case; ``on_views`` sees each of the JPA's views."""
     opts = SimOptions(noise=0.03, seed=seed)
     oracle = simulate(trace, specs, policy="milp", options=opts)
     adv = JobProfilingAdvisor(**SIM_DEFAULTS)  # type: ignore[arg-type]
@@ -54,7 +55,7 @@ def replay(family: str, nodes: str, seed: int, hours: float = 24.0,
 
         adv.views = watched  # type: ignore[method-assign]
     jpa = simulate(trace, specs, policy="milp+jpa", options=opts, policy_options={"advisor": adv})
-    return oracle, jpa, specs
+    return oracle, jpa
 
 
 def _held(sizes: pd.DataFrame, job: str, end_s: float) -> tuple[float, float]:
@@ -118,12 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--job", help="print this job's sizes over time in both runs")
     ap.add_argument("--window", help="T0:T1, print the advisor's view at decisions in it")
     a = ap.parse_args(argv)
+    trace, specs = case(a.family, a.nodes, a.seed, a.hours)
     hook = None
     if a.window:
         t0, t1 = (float(x) for x in a.window.split(":"))
-        specs = family_jobs(a.family, seed=a.seed, start_s=load_trace("summit", nodes=a.nodes).start_s)
         hook = _view_printer({s.job_id: s.curve for s in specs}, t0, t1)
-    oracle, jpa, specs = replay(a.family, a.nodes, a.seed, a.hours, hook)
+    oracle, jpa = replay(trace, specs, a.seed, hook)
     gaps = job_gaps(oracle, jpa, specs)
     if not oracle.samples > 0:
         raise SystemExit(f"the oracle trained nothing in these {a.hours:g} h: no gap to split")

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from malleparsl.errors import SpecError
 from malleparsl.jpa.zoo import FAMILIES, HELD_OUT, NEAR_LINEAR, zoo_jobs
+
+if TYPE_CHECKING:
+    from malleparsl.model import JobSpec
+    from malleparsl.traces import IdleTrace
 
 ORACLE = "milp"
 DE_PARTS = ("de_loss_probe", "de_loss_unknown", "de_loss_estimate", "de_loss_probing",
@@ -77,6 +82,14 @@ def family_jobs(family: str, *, seed: int, start_s: float) -> list:
     return zoo_jobs(family, seed=seed, n_jobs=300, start_s=start_s)
 
 
+def zoo_case(full: IdleTrace, family: str, *, seed: int, hours: float) -> tuple[IdleTrace, list[JobSpec]]:
+    """The window of ``full`` a family's replay runs on, and its jobs: from the first
+    submission (or the trace's start), ``hours`` long."""
+    specs = family_jobs(family, seed=seed, start_s=full.start_s)
+    t0 = max(full.start_s, min(j.submit_s for j in specs))
+    return full.window(t0, min(full.end_s, t0 + 3600 * hours)), specs
+
+
 def zoo_rows(
     *,
     trace: str,
@@ -99,9 +112,7 @@ def zoo_rows(
         full = load_trace(trace, nodes=sl)
         for fam in families:
             for seed in seeds:
-                specs = family_jobs(fam, seed=seed, start_s=full.start_s)
-                t0 = max(full.start_s, min(j.submit_s for j in specs))
-                tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
+                tr, specs = zoo_case(full, fam, seed=seed, hours=hours)
                 got = run_comparison(tr, specs, setups=setups, noise=noise, seed=seed)
                 oracle = next(r for r in got if r["setup"] == ORACLE)
                 for r in got:

@@ -21,7 +21,8 @@ def gap():
 
 def test_the_jobs_gaps_sum_to_the_runs_gap(gap):
     seen = []
-    oracle, jpa, specs = gap.replay("dip", "0:128", 0, on_views=lambda t, v, a: seen.append(t))
+    trace, specs = gap.case("dip", "0:128", 0)
+    oracle, jpa = gap.replay(trace, specs, 0, on_views=lambda t, v, a: seen.append(t))
     rows = gap.job_gaps(oracle, jpa, specs)
     assert len(rows) == len(oracle.jobs) and seen  # every job, and the hook saw decisions
     assert rows.progress_gap.sum() == pytest.approx(jpa.progress - oracle.progress, rel=1e-9)

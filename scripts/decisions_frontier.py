@@ -23,6 +23,7 @@ import malleparsl.allocator.milp as milp
 from malleparsl.data import load_jobset
 from malleparsl.sim.bench_decisions import parse_entry
 from malleparsl.sim.engine import SimOptions, simulate
+from malleparsl.sim.windows import replay_window
 from malleparsl.sim.workloads import poisson_jobs
 from malleparsl.traces import load_trace
 
@@ -47,9 +48,8 @@ if jobs.startswith("poisson:"):
     specs = poisson_jobs(n_jobs=int(n), mean_interarrival_s=float(mean), seed=seed, start_s=t0)
 else:
     specs = load_jobset(jobs)
-    t0 = max(full.start_s, min(j.submit_s for j in specs))
-t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
-tr = full.window(t0, t1)
+    t0 = None  # a job log's replay opens at its first submission
+tr = replay_window(full, hours, specs=specs, start_s=t0)
 name, own = parse_entry(entry)
 w = time.time()
 r = simulate(tr, specs, policy=name, options=SimOptions(max_active=10, seed=seed), history=full,

@@ -35,7 +35,7 @@ import pandas as pd
 from malleparsl.allocator.base import make_policy
 from malleparsl.jpa.advisor import JobProfilingAdvisor
 from malleparsl.jpa.audit import DecisionAudit
-from malleparsl.jpa.bench_zoo import family_jobs, parse_seeds
+from malleparsl.jpa.bench_zoo import parse_seeds, zoo_case
 from malleparsl.jpa.sim_setups import SIM_DEFAULTS
 from malleparsl.sim.engine import SimOptions, simulate
 from malleparsl.sim.setups import register_setup
@@ -136,9 +136,7 @@ def main() -> None:
         full = load_trace("summit", nodes=sl)
         for fam in a.families.split(","):
             for seed in parse_seeds(a.seeds):
-                specs = family_jobs(fam, seed=seed, start_s=full.start_s)
-                t0 = max(full.start_s, min(j.submit_s for j in specs))
-                tr = full.window(t0, min(full.end_s, t0 + 3600 * a.hours))
+                tr, specs = zoo_case(full, fam, seed=seed, hours=a.hours)
                 truth = {j.job_id: j for j in specs}
                 live = {j.job_id: j for j in specs if j.submit_s < tr.end_s}
                 opts = SimOptions(noise=a.noise, seed=seed)

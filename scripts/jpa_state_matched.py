@@ -32,7 +32,7 @@ import malleparsl.jpa.estimate as est_mod
 import malleparsl.jpa.knowledge as kn_mod
 from malleparsl.jpa.advisor import JobProfilingAdvisor
 from malleparsl.jpa.audit import DecisionAudit
-from malleparsl.jpa.bench_zoo import family_jobs, parse_seeds
+from malleparsl.jpa.bench_zoo import parse_seeds, zoo_case
 from malleparsl.jpa.sim_setups import SIM_DEFAULTS
 from malleparsl.sim.engine import SimOptions, simulate
 from malleparsl.traces import load_trace
@@ -122,9 +122,7 @@ def main() -> None:
         full = load_trace("summit", nodes=sl)
         for fam in a.families.split(","):
             for seed in parse_seeds(a.seeds):
-                specs = family_jobs(fam, seed=seed, start_s=full.start_s)
-                t0 = max(full.start_s, min(j.submit_s for j in specs))
-                tr = full.window(t0, min(full.end_s, t0 + 3600 * a.hours))
+                tr, specs = zoo_case(full, fam, seed=seed, hours=a.hours)
                 adv = JobProfilingAdvisor(**SIM_DEFAULTS)
                 audit = VariantAudit({j.job_id: j for j in specs}, variants)
                 res = simulate(
@@ -239,9 +237,7 @@ def diagnose() -> None:
         full = load_trace("summit", nodes=sl)
         for fam in a.families.split(","):
             for seed in parse_seeds(a.seeds):
-                specs = family_jobs(fam, seed=seed, start_s=full.start_s)
-                t0 = max(full.start_s, min(j.submit_s for j in specs))
-                tr = full.window(t0, min(full.end_s, t0 + 3600 * 24))
+                tr, specs = zoo_case(full, fam, seed=seed, hours=24)
                 adv = JobProfilingAdvisor(**SIM_DEFAULTS)
                 audit = DiagAudit({j.job_id: j for j in specs})
                 res = simulate(

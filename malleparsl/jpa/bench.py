@@ -186,6 +186,7 @@ def bench_jpa(
     """Print samples trained vs the oracle, profiling share and curve MAPE per setup."""
     _check_bench_args(jobs=jobs, nodes=nodes, hours=hours, setups=setups, noise=noise)
     from malleparsl.data import load_jobset
+    from malleparsl.sim.windows import replay_window
     from malleparsl.traces import load_trace
 
     if jobs == "zoo" or jobs.startswith("zoo:"):
@@ -198,8 +199,7 @@ def bench_jpa(
             specs = shaped_jobs(n_jobs=int(jobs.split(":")[1]), start_s=full.start_s, seed=seed)
         else:
             specs = load_jobset(jobs)
-        t0 = max(full.start_s, min(j.submit_s for j in specs))
-        tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
+        tr = replay_window(full, hours, specs=specs)
         rows = run_comparison(tr, specs, setups=setups.split(","), noise=noise, seed=seed)
         for r in rows:
             r |= {"nodes": sl, "hours": hours, "jobs": jobs}

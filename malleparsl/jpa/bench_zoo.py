@@ -85,9 +85,10 @@ def family_jobs(family: str, *, seed: int, start_s: float) -> list:
 def zoo_case(full: IdleTrace, family: str, *, seed: int, hours: float) -> tuple[IdleTrace, list[JobSpec]]:
     """The window of ``full`` a family's replay runs on, and its jobs: from the first
     submission (or the trace's start), ``hours`` long."""
+    from malleparsl.sim.windows import replay_window
+
     specs = family_jobs(family, seed=seed, start_s=full.start_s)
-    t0 = max(full.start_s, min(j.submit_s for j in specs))
-    return full.window(t0, min(full.end_s, t0 + 3600 * hours)), specs
+    return replay_window(full, hours, specs=specs), specs
 
 
 def zoo_rows(

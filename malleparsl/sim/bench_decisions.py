@@ -132,10 +132,12 @@ def run_case(
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
     from malleparsl.sim.result import compare
+    from malleparsl.sim.windows import replay_window
     from malleparsl.sim.workloads import poisson_jobs
     from malleparsl.traces import load_trace
 
     full = load_trace("summit", nodes=case.nodes)
+    t0: float | None = None  # a job log's replay opens at its first submission
     if case.jobs.startswith("poisson:"):
         _, n, mean = case.jobs.split(":")
         t0 = full.start_s + 20 * 3600  # the hour the ImageNet set arrives, for comparability
@@ -144,9 +146,7 @@ def run_case(
         )
     else:
         specs = load_jobset(case.jobs, limit=case.limit_jobs)
-        t0 = max(full.start_s, min(j.submit_s for j in specs))
-    t1 = full.end_s if case.hours <= 0 else min(full.end_s, t0 + 3600 * case.hours)
-    tr = full.window(t0, t1)
+    tr = replay_window(full, case.hours, specs=specs, start_s=t0)
     opts = SimOptions(max_active=case.max_active or None, semantics=case.semantics, seed=case.seed)
     entries = [(label, *parse_entry(label)) for label in policies]
     merged = [{**(options or {}), **own} for _, _, own in entries]

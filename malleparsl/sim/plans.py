@@ -335,6 +335,7 @@ def compare_plans(
     """
     from malleparsl.data import load_jobset
     from malleparsl.sim.engine import SimOptions, simulate
+    from malleparsl.sim.windows import replay_window
     from malleparsl.traces import load_trace
 
     lay = node_layout(layout)
@@ -342,8 +343,7 @@ def compare_plans(
     full = load_trace(trace, nodes=nodes)
     specs = [dataclasses.replace(j, total_samples=j.total_samples * samples_scale)
              for j in load_jobset(jobs, limit=limit)]
-    t0 = max(full.start_s, min(j.submit_s for j in specs))
-    tr = full.window(t0, min(full.end_s, t0 + 3600 * hours))
+    tr = replay_window(full, hours, specs=specs)
     dp_only, aware = plan_jobsets(specs, seed=seed, layout=lay,
                                   **jobset_options)  # type: ignore[arg-type]
     opts = SimOptions(seed=seed, max_active=max_active)
@@ -372,7 +372,7 @@ def compare_plans(
             "large_mean_jct_h": float((big["finish_s"] - big["submit_s"]).mean() / 3600)
             if len(big) else None,
         }
-    floor_h = jct_all_floor_h(specs, [*dp_only, *aware], start_s=t0, end_s=tr.end_s,
+    floor_h = jct_all_floor_h(specs, [*dp_only, *aware], start_s=tr.start_s, end_s=tr.end_s,
                               idle_node_s=tr.idle_node_seconds())
     out["jct_all_floor_h"] = floor_h
     a, d = out["plan_aware"], out["dp_only"]

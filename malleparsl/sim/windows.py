@@ -7,7 +7,8 @@ figure. :func:`warmup_s` finds when the replayed utilisation first reaches its s
 (the time-weighted median utilisation of the whole replay), and the CLI starts the window
 there unless told otherwise (``--warmup-h``). :func:`select_case` is the one place that turns
 the command-line options into a window and its jobs, for ``simulate`` and every bench that
-replays "a case as ``simulate`` would".
+replays "a case as ``simulate`` would"; :func:`replay_window` is the window itself (from a job
+set's first submission, so many hours long), which every bench and script replays.
 
 >>> from malleparsl.traces import trace_from_fragments
 >>> # 4 nodes; the log fills the machine over the first 300 s, then one node idles at times
@@ -21,6 +22,7 @@ replays "a case as ``simulate`` would".
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,9 @@ from malleparsl.errors import SpecError
 from malleparsl.model import JobSpec
 from malleparsl.traces import IdleTrace
 
-__all__ = ["Case", "poisson_fields", "select_case", "steady_utilisation", "warmup_s"]
+__all__ = [
+    "Case", "poisson_fields", "replay_window", "select_case", "steady_utilisation", "warmup_s",
+]
 
 
 def _utilisation(trace: IdleTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,6 +83,27 @@ def poisson_fields(spec: str) -> tuple[int, float]:
     if n < 1 or not (math.isfinite(mean) and mean > 0):
         raise SpecError(f"--jobs {spec!r}: {rule}")
     return n, mean
+
+
+def replay_window(
+    full: IdleTrace, hours: float, *, specs: Sequence[JobSpec] = (), start_s: float | None = None
+) -> IdleTrace:
+    """The part of ``full`` a case replays: from ``start_s``, else from the first submission of
+    ``specs`` (not before the trace's start), ``hours`` long; ``hours <= 0`` runs to the trace's
+    end. A window that opens before the first job would count idle nodes no job could use.
+
+    >>> from malleparsl.model import JobSpec
+    >>> from malleparsl.traces import trace_from_fragments
+    >>> full = trace_from_fragments([("a", 0, 90_000)]).window(0, 90_000)
+    >>> job = JobSpec("j", submit_s=3600.0)
+    >>> w = replay_window(full, 1, specs=[job])
+    >>> w.start_s, w.end_s, replay_window(full, 0, start_s=50.0).end_s
+    (3600.0, 7200.0, 90000.0)
+    """
+    if start_s is None:
+        start_s = max(full.start_s, min((j.submit_s for j in specs), default=full.start_s))
+    end_s = full.end_s if hours <= 0 else min(full.end_s, start_s + 3600 * hours)
+    return full.window(start_s, end_s)
 
 
 def _warmup(full: IdleTrace, trace: str, warmup_h: float | None) -> float:
@@ -133,5 +158,4 @@ def select_case(  # noqa: PLR0913 - the simulate options that select a case
         specs = load_jobset(jobs, limit=limit)
         if start_h is None:
             t0 = max(t0, min((j.submit_s for j in specs), default=full.start_s))
-    t1 = full.end_s if hours <= 0 else min(full.end_s, t0 + 3600 * hours)
-    return Case(full.window(t0, t1), list(specs), warm)
+    return Case(replay_window(full, hours, start_s=t0), list(specs), warm)

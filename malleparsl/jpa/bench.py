@@ -99,28 +99,32 @@ def run_comparison(
 
     JPA setups are audited (:mod:`~malleparsl.jpa.audit`): every decision scored by the true
     curves against the best one for the same state (``decision_eff`` and its loss split).
-    ``advisor_options`` go to their advisor (to compare variants)."""
+    ``advisor_options`` go to their advisor (to compare variants). A setup ``NAME:KEY=VALUE``
+    adds its own options (``milp-perturbed:error=0.01``); its row keeps that label."""
     from malleparsl.jpa.advisor import JobProfilingAdvisor
     from malleparsl.jpa.audit import DecisionAudit
     from malleparsl.jpa.sim_setups import SIM_DEFAULTS
+    from malleparsl.sim.bench_decisions import parse_entry
     from malleparsl.sim.engine import SimOptions, simulate
 
     truth = {j.job_id: j.curve for j in jobs if j.curve is not None}
     rows = []
-    for name in setups:
-        opts: dict = {}
+    for label in setups:
+        name, opts = parse_entry(label)
         adv = audit = None
         if name.startswith("milp+jpa"):
-            kw = {**SIM_DEFAULTS, **(advisor_options or {})}
+            kw = {**SIM_DEFAULTS, **(advisor_options or {}), **opts}
             adv = JobProfilingAdvisor(share_priors=not name.endswith("nopriors"), **kw)  # type: ignore[arg-type]
             audit = DecisionAudit({j.job_id: j for j in jobs})
-            opts |= {"advisor": adv, "audit": audit}
+            opts = {"advisor": adv, "audit": audit}
         elif name == "milp-linear":
-            opts = {"noise": noise, "seed": seed}
+            opts = {"noise": noise, "seed": seed, **opts}
+        elif name == "milp-perturbed":
+            opts = {"seed": seed, **opts}
         t0 = time.perf_counter()
         res = simulate(trace, jobs, policy=name, options=SimOptions(noise=noise, seed=seed),  # type: ignore[arg-type]
                        policy_options=opts)
-        row = {"setup": name, "samples": res.samples, "progress": res.progress,
+        row = {"setup": label, "samples": res.samples, "progress": res.progress,
                "jobs_done": res.jobs_done,
                "rescales": res.rescales, "used_node_s": res.used_node_s,
                "wall_s": time.perf_counter() - t0}
@@ -143,7 +147,8 @@ def run_comparison(
 def _check_bench_args(*, jobs: str, nodes: str, hours: float, setups: str, noise: float) -> None:
     """Every ``bench jpa`` option checked before any simulation (exit 2, one line)."""
     from malleparsl.errors import SpecError, unknown_name
-    from malleparsl.sim.setups import setup_names
+    from malleparsl.sim.bench_decisions import parse_entry
+    from malleparsl.sim.setups import make_setup, setup_names
     from malleparsl.traces import parse_node_slice
 
     if not (math.isfinite(hours) and hours > 0):
@@ -159,9 +164,18 @@ def _check_bench_args(*, jobs: str, nodes: str, hours: float, setups: str, noise
     if not names:
         raise SpecError(f"--setups {setups!r}: give one or more comma-separated setup names")
     valid = setup_names()
-    for name in names:
+    for label in names:
+        if any("=" not in pair for pair in label.split(":")[1:]):
+            raise SpecError(f"--setups {label!r}: write NAME or NAME:KEY=VALUE, "
+                            "e.g. milp-perturbed:error=0.01")
+        name, own = parse_entry(label)
         if name not in valid:
             raise unknown_name("setup", name, valid)
+        if own:  # options checked by building the setup once, before any simulation
+            try:
+                make_setup(name, **own)
+            except TypeError as exc:
+                raise SpecError(f"--setups {label!r}: {name} takes no such option ({exc})") from None
     if jobs.startswith("shapes:"):
         n = jobs.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
@@ -176,7 +190,9 @@ def bench_jpa(
     nodes: str = typer.Option("0:128,0:512", help="Comma-separated node slices."),
     hours: float = typer.Option(24.0, help="Window length from the first submission."),
     setups: str = typer.Option("milp,milp+jpa,milp+jpa-nopriors,milp-linear,equal-share",
-                               help="Comma-separated simulator setups."),
+                               help="Comma-separated simulator setups; NAME:KEY=VALUE adds "
+                               "options, e.g. 'milp-perturbed:error=0.01' (the MILP with every "
+                               "true curve known to 1 %: what the figures resolve)."),
     noise: float = typer.Option(0.03, help="Relative noise of measured rates."),
     seed: int = typer.Option(
         0, help="Random seed of the measurement noise and of 'shapes:N' jobs' arrivals."),
@@ -208,14 +224,15 @@ def bench_jpa(
         if not as_json:
             typer.echo(f"\n{trace} nodes {sl}, {hours:g} h, jobs {jobs}, noise {noise:.0%}, "
                        f"mean idle {tr.mean_idle_nodes():.1f} nodes")
-            typer.echo(f"{'setup':<20}{'samples':>12}{'% oracle':>10}{'% progress':>11}{'done':>6}"
+            width = max(20, *(len(r["setup"]) + 1 for r in rows))
+            typer.echo(f"{'setup':<{width}}{'samples':>12}{'% oracle':>10}{'% progress':>11}{'done':>6}"
                        f"{'rescales':>9}{'profiling':>11}{'MAPE end':>10}{'MAPE dec':>10}"
                        f"{'dec eff':>9}{'wall s':>8}")
             for r in rows:
                 extra = (f"{r['profiling_share']:>10.2%} {r['mape_final']:>9.1%} "
                          f"{r['mape_decision']:>9.1%} {r['decision_eff']:>7.1f}%"
                          if "profiling_share" in r else f"{'':>40}")
-                typer.echo(f"{r['setup']:<20}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
+                typer.echo(f"{r['setup']:<{width}}{r['samples']:>12.4g}{r['pct_of_oracle']:>9.1f}%"
                            f"{r['pct_progress']:>10.1f}%{r['jobs_done']:>6}{r['rescales']:>9} {extra}"
                            f"{r['wall_s']:>8.1f}")
 

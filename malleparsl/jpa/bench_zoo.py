@@ -175,7 +175,10 @@ def format_table(summary: Sequence[dict], setups: Sequence[str]) -> str:
     keys = sorted({(f["held_out"], f["family"], f["nodes"]) for f in fams})
     by = {(f["family"], f["nodes"], f["setup"]): f for f in fams}
     shown = [s for s in setups if s != ORACLE]
-    head = f"{'family':<22}{'nodes':<7}" + "".join(f"{s + ' smp/prog':>30}" for s in shown)
+    # the JPA columns are the first JPA setup's, a labelled variant (milp+jpa:KEY=VALUE) included
+    jpa_setup = next((s for s in shown if s.split(":")[0] == "milp+jpa"), "milp+jpa")
+    width = {s: max(30, len(s) + 11) for s in shown}  # labels such as NAME:KEY=VALUE are long
+    head = f"{'family':<22}{'nodes':<7}" + "".join(f"{s + ' smp/prog':>{width[s]}}" for s in shown)
     lines = [head + f"{'prof %':>8}{'MAPE':>7}{'dec eff (min)':>15}{'loss probe/unkn/est':>21}"]
     for held, fam, sl in keys:
         cells = ""
@@ -183,15 +186,15 @@ def format_table(summary: Sequence[dict], setups: Sequence[str]) -> str:
             f = by.get((fam, sl, s))
             cells += ("" if f is None else
                       f"{f['pct_samples_mean']:>7.1f} ({f['pct_samples_min']:5.1f}) /"
-                      f"{f['pct_progress_mean']:>6.1f} ({f['pct_progress_min']:5.1f})").rjust(30)
-        jpa = by.get((fam, sl, "milp+jpa"))
+                      f"{f['pct_progress_mean']:>6.1f} ({f['pct_progress_min']:5.1f})").rjust(width[s])
+        jpa = by.get((fam, sl, jpa_setup))
         tail = (f"{100 * jpa['profiling_share']:>8.2f}{100 * jpa['mape_decision']:>6.1f}%"
                 f"{jpa['decision_eff_mean']:>8.1f} ({jpa['decision_eff_min']:4.1f})"
                 f"{jpa['de_loss_probe_mean']:>9.1f} /{jpa['de_loss_unknown_mean']:4.1f} /"
                 f"{jpa['de_loss_estimate_mean']:4.1f}" if jpa else "")
         lines.append(f"{fam + (' (held out)' if held else ''):<22}{sl:<7}{cells}{tail}")
-    for p in (f for f in summary if f["kind"] == "pooled" and f["setup"] == "milp+jpa"):
-        lines.append(f"{p['part']} families, {p['nodes']}: milp+jpa mean {p['pct_samples_mean']:.1f} % "
+    for p in (f for f in summary if f["kind"] == "pooled" and f["setup"] == jpa_setup):
+        lines.append(f"{p['part']} families, {p['nodes']}: {jpa_setup} mean {p['pct_samples_mean']:.1f} % "
                      f"samples (min {p['pct_samples_min']:.1f}), {p['pct_progress_mean']:.1f} % progress "
                      f"(min {p['pct_progress_min']:.1f}), profiling max "
                      f"{100 * p['profiling_share_max']:.2f} %, decision efficiency "

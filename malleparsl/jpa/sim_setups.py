@@ -9,12 +9,18 @@
 - ``milp-linear``: the MILP planning with linear scaling from a one-node measurement
   (``rate(n) = n * rate(1)``, the one-node rate measured once with the simulator's noise, for
   free): what an allocator without profiling would assume.
+- ``milp-perturbed``: the MILP planning with every job's true curve times ``1 + error·N(0, 1)``
+  at each node count, drawn once per job: a learner that knows every curve, at every size, to
+  ``error`` (default 3 %). Not a profiler: it tells how finely the replay's figures resolve
+  curve knowledge (a 1 % error can move one run by 20 points where one model is 100x faster
+  than the rest), the yardstick for the JPA's targets.
 
 The oracle is plain ``milp`` (true curves) and ``equal-share`` needs no curves.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +30,7 @@ from malleparsl.controller import CurveAdvisor, JobState
 from malleparsl.errors import SpecError
 from malleparsl.jpa.advisor import JobProfilingAdvisor
 from malleparsl.jpa.policy import ProbeFirst
-from malleparsl.model import Allocation, ScalingCurve
+from malleparsl.model import Allocation, JobSpec, ScalingCurve
 from malleparsl.sim.setups import Setup, register_setup
 
 SIM_DEFAULTS: dict[str, object] = {"warmup_obs": 0, "probe_timeout_s": 1800.0}
@@ -73,6 +79,43 @@ class LinearFromOneNode(CurveAdvisor):
         return out
 
 
+class PerturbedCurves(CurveAdvisor):
+    """Every job's true curve times ``1 + error·N(0, 1)`` at each size 1..max_nodes, drawn once
+    per job from ``(seed, job id)`` (so a job's draw does not depend on the others' order)."""
+
+    def __init__(self, *, error: float = 0.03, seed: int = 0) -> None:
+        if not (isinstance(error, (int, float)) and np.isfinite(error) and error >= 0):
+            raise SpecError(f"milp-perturbed: error must be a finite relative error >= 0 "
+                            f"(0.01 for 1 %), got {error!r}")
+        self.error, self.seed = float(error), int(seed)
+        self._curves: dict[str, ScalingCurve] = {}
+
+    def forget(self, job_id: str) -> None:
+        self._curves.pop(job_id, None)
+
+    def curve(self, spec: JobSpec) -> ScalingCurve:
+        """The planning curve of ``spec`` (its true curve, perturbed; built on first use)."""
+        if spec.job_id not in self._curves:
+            if spec.curve is None:
+                raise SpecError(
+                    f"job {spec.job_id!r} has no curve to perturb; milp-perturbed needs the "
+                    "jobs' true curves (a setup with hide_curves=False)"
+                )
+            rng = np.random.default_rng([self.seed, zlib.crc32(spec.job_id.encode())])
+            sizes = tuple(range(1, max(spec.max_nodes, 1) + 1))
+            noise = 1 + self.error * rng.standard_normal(len(sizes))
+            rates = np.maximum(np.array(spec.curve.rates_upto(sizes[-1])[1:]) * noise, 1e-9)
+            self._curves[spec.job_id] = ScalingCurve(sizes, tuple(map(float, rates)),
+                                                     name=spec.job_id)
+        return self._curves[spec.job_id]
+
+    def views(
+        self, snapshot: ClusterSnapshot, jobs: Sequence[JobState], allocation: Allocation
+    ) -> list[JobView]:
+        return [JobView(js.spec, self.curve(js.spec), allocation.nodes_of(js.spec.job_id),
+                        **js.progress()) for js in jobs]
+
+
 def _jpa_setup(*, share_priors: bool = True, **options: object) -> Setup:
     """``advisor=`` passes a ready advisor (to read its figures after the run); ``audit=`` a
     :class:`~malleparsl.jpa.audit.DecisionAudit` to score every decision by the true curves
@@ -111,4 +154,9 @@ def _linear_setup(*, noise: float = 0.03, seed: int = 0, **milp_options: object)
 
 register_setup("milp+jpa", _jpa_setup)
 register_setup("milp+jpa-nopriors", _jpa_nopriors)
+def _perturbed_setup(*, error: float = 0.03, seed: int = 0, **milp_options: object) -> Setup:
+    return make_policy("milp", **milp_options), PerturbedCurves(error=error, seed=seed), False
+
+
 register_setup("milp-linear", _linear_setup)
+register_setup("milp-perturbed", _perturbed_setup)

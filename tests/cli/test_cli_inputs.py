@@ -192,6 +192,9 @@ def test_bench_executor_rejects_bad_options(args, fragments) -> None:
         (["--setups", ","], ["--setups"]),
         (["--jobs", "shapes:x"], ["shapes:x"]),
         (["--nodes", "a:b"], ["node slice 'a:b'"]),
+        (["--setups", "milp-perturbed:error"], ["'milp-perturbed:error'", "NAME:KEY=VALUE"]),
+        (["--setups", "milp-perturbed:eror=0.1"], ["'milp-perturbed:eror=0.1'", "no such option"]),
+        (["--setups", "milp-perturbed:error=-1"], ["error must be", ">= 0", "-1"]),
     ],
 )
 def test_bench_jpa_rejects_bad_options(args, fragments) -> None:

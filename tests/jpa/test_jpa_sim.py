@@ -55,7 +55,7 @@ def test_jpa_policy_by_name_needs_an_advisor():
 
 def test_setups_are_registered_and_hide_curves():
     names = setup_names()
-    assert {"milp+jpa", "milp+jpa-nopriors", "milp-linear", "jpa"} <= set(names)
+    assert {"milp+jpa", "milp+jpa-nopriors", "milp-linear", "milp-perturbed", "jpa"} <= set(names)
     pol, adv, hide = make_setup("milp+jpa")
     assert isinstance(pol, ProbeFirst) and isinstance(adv, JobProfilingAdvisor) and hide
     assert adv.warmup_obs == 0  # the simulator drops warm-up itself
@@ -154,3 +154,46 @@ def test_bench_jpa_on_a_users_job_set_reports_both_measures_in_strict_json(tmp_p
                      parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert row["pct_of_oracle"] is None and row["pct_progress"] is None
     assert row["progress"] > 0 and 0 <= row["profiling_share"] <= 1
+
+
+def _small_case():
+    frags = synthetic_fragments(n_nodes=16, duration_s=3 * 3600, mean_idle_s=3000,
+                                mean_busy_s=3000, seed=2)
+    tr = trace_from_fragments(frags, start_s=0.0, end_s=3 * 3600)
+    return tr, shaped_jobs(n_jobs=4, start_s=0.0, seed=4, max_nodes=16, mean_interarrival_s=60)
+
+
+def test_perturbed_curves_with_no_error_replay_the_oracle_exactly():
+    """``milp-perturbed`` is the yardstick of what the figures resolve: at error 0 it must be
+    the oracle itself, run for run, and at 20 % it must plan differently."""
+    tr, jobs = _small_case()
+    rows = {r["setup"]: r for r in run_comparison(
+        tr, jobs, setups=["milp", "milp-perturbed:error=0", "milp-perturbed:error=0.2"])}
+    assert rows["milp-perturbed:error=0"]["samples"] == rows["milp"]["samples"]
+    assert rows["milp-perturbed:error=0"]["rescales"] == rows["milp"]["rescales"]
+    assert rows["milp-perturbed:error=0.2"]["samples"] != rows["milp"]["samples"]
+
+
+def test_perturbed_curves_err_by_the_given_amount_per_job_and_size():
+    from malleparsl.jpa.sim_setups import PerturbedCurves
+
+    truth = ScalingCurve.amdahl(rate1=50.0, parallel_fraction=0.95, max_nodes=400)
+    specs = [JobSpec(f"j{i}", max_nodes=400, curve=truth) for i in range(5)]
+    adv = PerturbedCurves(error=0.05, seed=3)
+    rel = [adv.curve(s).rate(n) / truth.rate(n) - 1 for s in specs for n in range(1, 401)]
+    sd = math.sqrt(sum(r * r for r in rel) / len(rel))
+    assert 0.045 < sd < 0.055 and abs(sum(rel) / len(rel)) < 0.005
+    # a job's draw depends on the seed and its id, not on which jobs came before it
+    again = PerturbedCurves(error=0.05, seed=3)
+    assert again.curve(specs[4]) == adv.curve(specs[4])
+    assert PerturbedCurves(error=0.05, seed=4).curve(specs[4]) != adv.curve(specs[4])
+    assert adv.curve(specs[0]).rate(401) == adv.curve(specs[0]).rate(400)  # flat past max_nodes
+
+
+def test_perturbed_curves_need_the_true_curves_and_a_sane_error():
+    from malleparsl.jpa.sim_setups import PerturbedCurves
+
+    with pytest.raises(SpecError, match="error must be"):
+        make_setup("milp-perturbed", error=float("nan"))
+    with pytest.raises(SpecError, match="no curve to perturb"):
+        PerturbedCurves().curve(JobSpec("blind", max_nodes=4))

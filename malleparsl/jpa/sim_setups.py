@@ -81,13 +81,18 @@ class LinearFromOneNode(CurveAdvisor):
 
 class PerturbedCurves(CurveAdvisor):
     """Every job's true curve times ``1 + error·N(0, 1)`` at each size 1..max_nodes, drawn once
-    per job from ``(seed, job id)`` (so a job's draw does not depend on the others' order)."""
+    per job from ``(seed, draw, job id)`` (so a job's draw does not depend on the others' order).
 
-    def __init__(self, *, error: float = 0.03, seed: int = 0) -> None:
+    One draw is one learner: a single replay's figure moves with it by several points where the
+    replay is chaotic, so the yardstick is several draws (``draw=0, 1, ...``) per case."""
+
+    def __init__(self, *, error: float = 0.03, seed: int = 0, draw: int = 0) -> None:
         if not (isinstance(error, (int, float)) and np.isfinite(error) and error >= 0):
             raise SpecError(f"milp-perturbed: error must be a finite relative error >= 0 "
                             f"(0.01 for 1 %), got {error!r}")
-        self.error, self.seed = float(error), int(seed)
+        if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
+            raise SpecError(f"milp-perturbed: draw must be a whole number >= 0, got {draw!r}")
+        self.error, self.seed, self.draw = float(error), int(seed), draw
         self._curves: dict[str, ScalingCurve] = {}
 
     def forget(self, job_id: str) -> None:
@@ -101,7 +106,7 @@ class PerturbedCurves(CurveAdvisor):
                     f"job {spec.job_id!r} has no curve to perturb; milp-perturbed needs the "
                     "jobs' true curves (a setup with hide_curves=False)"
                 )
-            rng = np.random.default_rng([self.seed, zlib.crc32(spec.job_id.encode())])
+            rng = np.random.default_rng([self.seed, self.draw, zlib.crc32(spec.job_id.encode())])
             sizes = tuple(range(1, max(spec.max_nodes, 1) + 1))
             noise = 1 + self.error * rng.standard_normal(len(sizes))
             rates = np.maximum(np.array(spec.curve.rates_upto(sizes[-1])[1:]) * noise, 1e-9)
@@ -154,8 +159,10 @@ def _linear_setup(*, noise: float = 0.03, seed: int = 0, **milp_options: object)
 
 register_setup("milp+jpa", _jpa_setup)
 register_setup("milp+jpa-nopriors", _jpa_nopriors)
-def _perturbed_setup(*, error: float = 0.03, seed: int = 0, **milp_options: object) -> Setup:
-    return make_policy("milp", **milp_options), PerturbedCurves(error=error, seed=seed), False
+def _perturbed_setup(
+    *, error: float = 0.03, seed: int = 0, draw: int = 0, **milp_options: object
+) -> Setup:
+    return make_policy("milp", **milp_options), PerturbedCurves(error=error, seed=seed, draw=draw), False
 
 
 register_setup("milp-linear", _linear_setup)

@@ -187,6 +187,7 @@ def test_perturbed_curves_err_by_the_given_amount_per_job_and_size():
     again = PerturbedCurves(error=0.05, seed=3)
     assert again.curve(specs[4]) == adv.curve(specs[4])
     assert PerturbedCurves(error=0.05, seed=4).curve(specs[4]) != adv.curve(specs[4])
+    assert PerturbedCurves(error=0.05, seed=3, draw=1).curve(specs[4]) != adv.curve(specs[4])
     assert adv.curve(specs[0]).rate(401) == adv.curve(specs[0]).rate(400)  # flat past max_nodes
 
 
@@ -195,5 +196,7 @@ def test_perturbed_curves_need_the_true_curves_and_a_sane_error():
 
     with pytest.raises(SpecError, match="error must be"):
         make_setup("milp-perturbed", error=float("nan"))
+    with pytest.raises(SpecError, match="draw must be"):
+        make_setup("milp-perturbed", draw=-1)
     with pytest.raises(SpecError, match="no curve to perturb"):
         PerturbedCurves().curve(JobSpec("blind", max_nodes=4))

@@ -205,7 +205,7 @@ def test_perturbed_curves_need_the_true_curves_and_a_sane_error():
 def test_a_labelled_jpa_setup_passes_its_options_to_the_advisor():
     """``milp+jpa:kappa=0`` in ``bench jpa --setups`` is the same replay as advisor_options."""
     tr, jobs = _small_case()
-    (lab,) = [r for r in run_comparison(tr, jobs, setups=["milp+jpa:kappa=0"])]
+    (lab,) = run_comparison(tr, jobs, setups=["milp+jpa:kappa=0"])
     (opt,) = run_comparison(tr, jobs, setups=["milp+jpa"], advisor_options={"kappa": 0})
     (dflt,) = run_comparison(tr, jobs, setups=["milp+jpa"])
     assert lab["setup"] == "milp+jpa:kappa=0"

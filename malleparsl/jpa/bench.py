@@ -165,7 +165,8 @@ def _check_bench_args(*, jobs: str, nodes: str, hours: float, setups: str, noise
         raise SpecError(f"--setups {setups!r}: give one or more comma-separated setup names")
     valid = setup_names()
     for label in names:
-        if any("=" not in pair for pair in label.split(":")[1:]):
+        if any(not pair.partition("=")[0].strip() or "=" not in pair
+               for pair in label.split(":")[1:]):
             raise SpecError(f"--setups {label!r}: write NAME or NAME:KEY=VALUE, "
                             "e.g. milp-perturbed:error=0.01")
         name, own = parse_entry(label)

@@ -193,6 +193,7 @@ def test_bench_executor_rejects_bad_options(args, fragments) -> None:
         (["--jobs", "shapes:x"], ["shapes:x"]),
         (["--nodes", "a:b"], ["node slice 'a:b'"]),
         (["--setups", "milp-perturbed:error"], ["'milp-perturbed:error'", "NAME:KEY=VALUE"]),
+        (["--setups", "milp-perturbed:=1"], ["'milp-perturbed:=1'", "NAME:KEY=VALUE"]),
         (["--setups", "milp-perturbed:eror=0.1"], ["'milp-perturbed:eror=0.1'", "no such option"]),
         (["--setups", "milp-perturbed:error=-1"], ["error must be", ">= 0", "-1"]),
     ],

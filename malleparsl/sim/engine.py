@@ -12,6 +12,9 @@ policy's). Semantics (see docs/sim.md):
   grows (the first allocation pays its grow cost), else ``rescale_down_s`` (a shrink, a
   preemption, or both). A pause during a pause restarts it.
 - Jobs are admitted in submission order, at most ``max_active`` at once (the controller's cap).
+- A learning setup's rate readings are due after ``warmup_s`` at a size, then every
+  ``observe_every_s``; a due reading is an event with its own replan, as the live control loop
+  replans on readings (``reading_events``).
 - Replans are skipped when the only change is that *unused* idle nodes vanished (the previous
   answer is still feasible and an optimal policy would keep it) or that jobs arrived while the
   cap is full (they wait; the controller admits them at the next replan).
@@ -57,6 +60,7 @@ class SimOptions:
     noise: float = 0.03  # relative noise of the rates measured for a hidden-curve advisor
     warmup_s: float = 60.0  # training time at a size before its rate is measured
     observe_every_s: float = 300.0  # at most one measurement per job per this many seconds
+    reading_events: bool = True  # a due reading is an event with a replan, as in the live loop
     seed: int = 0
     skip_idle_removals: bool = True
     semantics: str = "default"  # "bftrainer": the original replayer's accounting (sim/bftrainer.py)
@@ -218,7 +222,15 @@ class _Replay:
             self.en_t[self.ei] if self.ei < len(self.en_t) else math.inf,
             max(self.todo[self.ji].submit_s, self.t0) if self.ji < len(self.todo) else math.inf,
             self.fin[0][0] if self.fin else math.inf,
+            min(map(self._reading_due, self.running), default=math.inf)
+            if self.hide and self.opts.reading_events else math.inf,
         )
+
+    def _reading_due(self, jid: str) -> float:
+        """When ``jid``'s next rate reading is due: after the warm-up at its size, then at
+        most every ``observe_every_s``."""
+        r, o = self.runs[jid], self.opts
+        return max(r.steady_since + o.warmup_s, r.last_observed + o.observe_every_s)
 
     def _advance(self, t: float) -> None:
         """Train every running job from ``now`` to ``t``; the previous log row gets the mean."""
@@ -292,9 +304,7 @@ class _Replay:
         o, told = self.opts, False
         for jid in sorted(self.running):  # sorted: noise draws must not depend on str hashing
             r = self.runs[jid]
-            if self.now - r.steady_since >= o.warmup_s and self.now - r.last_observed >= (
-                o.observe_every_s
-            ):
+            if self.now >= self._reading_due(jid):
                 noisy = max(0.0, r.rate * (1 + o.noise * self.rng.standard_normal()))
                 self.ctl.observe(jid, n_nodes=r.size, samples_per_s=noisy, now_s=self.now)
                 r.last_observed = self.now

@@ -34,10 +34,10 @@ def test_the_jobs_gaps_sum_to_the_runs_gap(gap):
 
 def test_the_script_prints_the_gap_a_jobs_sizes_and_the_advisors_view(gap, capsys):
     gap.main(["--family", "dip", "--nodes", "0:128", "--seed", "0", "--top", "2",
-              "--job", "Z0012-dip-0-1", "--window", "74046:74047"])
+              "--job", "Z0014-dip-0-0", "--window", "73896:73897"])
     out = capsys.readouterr().out
-    assert "dip 0:128 seed 0: samples" in out and "Z0012-dip-0-1" in out
-    assert "--- t = 74046 s" in out and "plan [" in out and "true [" in out
+    assert "dip 0:128 seed 0: samples" in out and "Z0014-dip-0-0" in out
+    assert "--- t = 73896 s" in out and "plan [" in out and "true [" in out
     assert out.count("\noracle: ") == 1 and out.count("\njpa: ") == 1
 
 

@@ -171,6 +171,24 @@ def test_hidden_curves_feed_noisy_rates_and_real_pauses_to_the_advisor():
         make_setup("no-such-policy")
 
 
+@pytest.mark.parametrize("events", [True, False])
+def test_a_due_reading_is_an_event_even_when_the_trace_is_quiet(events):
+    """The live loop replans on a rate reading; a replay with one fragment and no other event
+    must not leave a probe waiting for the trace (readings at warm-up, then every 100 s)."""
+    rec = _Recorder()
+    times = []
+    rec.observe = lambda job_id, n_nodes, samples_per_s, now_s: times.append(now_s)
+    register_setup("_test-quiet", lambda: (make_setup("upper-bound")[0], rec, True))
+    trace = trace_from_fragments([("n1", 0, 1000)])
+    r = simulate(trace, [job("a", hi=1)], policy="_test-quiet",
+                 options=SimOptions(warmup_s=30, observe_every_s=100, reading_events=events))
+    if events:
+        assert times == pytest.approx([30.0 + 100 * k for k in range(10)])
+        assert r.events["time_s"].tolist()[:3] == pytest.approx([0.0, 30.0, 130.0])
+    else:  # the replay of sessions <= 23: nothing happens between 0 and the window's end
+        assert times == []
+
+
 def test_known_ends_reach_the_policy():
     seen = []
     base = make_setup("upper-bound")[0]

@@ -175,18 +175,24 @@ def test_hidden_curves_feed_noisy_rates_and_real_pauses_to_the_advisor():
 def test_a_due_reading_is_an_event_even_when_the_trace_is_quiet(events):
     """The live loop replans on a rate reading; a replay with one fragment and no other event
     must not leave a probe waiting for the trace (readings at warm-up, then every 100 s)."""
-    rec = _Recorder()
-    times = []
+    rec, times, plans = _Recorder(), [], []
     rec.observe = lambda job_id, n_nodes, samples_per_s, now_s: times.append(now_s)
-    register_setup("_test-quiet", lambda: (make_setup("upper-bound")[0], rec, True))
+    base = make_setup("upper-bound")[0]
+
+    class Planner(type(base)):
+        def allocate(self, snapshot, jobs):
+            plans.append(snapshot.now_s)
+            return super().allocate(snapshot, jobs)
+
+    register_setup("_test-quiet", lambda: (Planner(), rec, True))
     trace = trace_from_fragments([("n1", 0, 1000)])
-    r = simulate(trace, [job("a", hi=1)], policy="_test-quiet",
-                 options=SimOptions(warmup_s=30, observe_every_s=100, reading_events=events))
-    if events:
+    simulate(trace, [job("a", hi=1)], policy="_test-quiet",
+             options=SimOptions(warmup_s=30, observe_every_s=100, reading_events=events))
+    if events:  # a reading at warm-up, then every 100 s, and a replan on each
         assert times == pytest.approx([30.0 + 100 * k for k in range(10)])
-        assert r.events["time_s"].tolist()[:3] == pytest.approx([0.0, 30.0, 130.0])
+        assert plans == pytest.approx([0.0, *times])
     else:  # the replay of sessions <= 23: nothing happens between 0 and the window's end
-        assert times == []
+        assert times == [] and plans == [0.0]
 
 
 def test_known_ends_reach_the_policy():

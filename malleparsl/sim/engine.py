@@ -14,7 +14,8 @@ policy's). Semantics (see docs/sim.md):
 - Jobs are admitted in submission order, at most ``max_active`` at once (the controller's cap).
 - A learning setup's rate readings are due after ``warmup_s`` at a size, then every
   ``observe_every_s``; a due reading is an event with its own replan, as the live control loop
-  replans on readings (``reading_events``).
+  replans on readings (``reading_events``), but not sooner than ``observe_replan_s`` after the
+  last replan (the live loop's ``ControlOptions.observe_replan_s``).
 - Replans are skipped when the only change is that *unused* idle nodes vanished (the previous
   answer is still feasible and an optimal policy would keep it) or that jobs arrived while the
   cap is full (they wait; the controller admits them at the next replan).
@@ -61,6 +62,7 @@ class SimOptions:
     warmup_s: float = 60.0  # training time at a size before its rate is measured
     observe_every_s: float = 300.0  # at most one measurement per job per this many seconds
     reading_events: bool = True  # a due reading is an event with a replan, as in the live loop
+    observe_replan_s: float = 5.0  # ... at least this long after the last replan (live: the same)
     seed: int = 0
     skip_idle_removals: bool = True
     semantics: str = "default"  # "bftrainer": the original replayer's accounting (sim/bftrainer.py)
@@ -72,8 +74,11 @@ class SimOptions:
             )
         if not 0 <= self.reveal_ends <= 1:
             raise SpecError(f"reveal_ends must be in [0, 1], got {self.reveal_ends!r}")
-        if self.noise < 0 or self.warmup_s < 0 or self.observe_every_s < 0:
-            raise SpecError("noise, warmup_s and observe_every_s must be >= 0")
+        if min(self.noise, self.warmup_s, self.observe_every_s, self.observe_replan_s) < 0:
+            raise SpecError("noise, warmup_s, observe_every_s and observe_replan_s must be >= 0")
+        if self.reading_events and self.observe_every_s == 0 and self.observe_replan_s == 0:
+            raise SpecError("reading_events needs observe_every_s > 0 or observe_replan_s > 0: "
+                            "with both 0 a reading would be due again at once, for ever")
 
 
 @dataclass
@@ -185,6 +190,7 @@ class _Replay:
                            replans=0)
         self.si = self.ei = self.ji = self.n_done = self.n_act = 0
         self.now = self.t0
+        self.last_replan = -math.inf
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None) -> None:
@@ -222,9 +228,14 @@ class _Replay:
             self.en_t[self.ei] if self.ei < len(self.en_t) else math.inf,
             max(self.todo[self.ji].submit_s, self.t0) if self.ji < len(self.todo) else math.inf,
             self.fin[0][0] if self.fin else math.inf,
-            min(map(self._reading_due, self.running), default=math.inf)
-            if self.hide and self.opts.reading_events else math.inf,
+            self._next_reading() if self.hide and self.opts.reading_events else math.inf,
         )
+
+    def _next_reading(self) -> float:
+        """When the next due reading replans: readings that come within ``observe_replan_s`` of
+        the last replan wait for it to pass, as in the live loop (one replan for a burst)."""
+        due = min(map(self._reading_due, self.running), default=math.inf)
+        return max(due, self.last_replan + self.opts.observe_replan_s)
 
     def _reading_due(self, jid: str) -> float:
         """When ``jid``'s next rate reading is due: after the warm-up at its size, then at
@@ -318,6 +329,7 @@ class _Replay:
         for jid in self.running:
             ctl.report_progress(jid, samples_done=self.runs[jid].done)
         plan = ctl.replan(now_s=now)
+        self.last_replan = now
         tot["replans"] += 1
         self.solve.append(ctl.history[-1].solve_s)
         ctl.history.clear()

@@ -171,20 +171,26 @@ def test_hidden_curves_feed_noisy_rates_and_real_pauses_to_the_advisor():
         make_setup("no-such-policy")
 
 
+def _recording(record):
+    """The upper-bound policy, calling ``record(snapshot)`` at each plan: what a policy sees."""
+    base = type(make_setup("upper-bound")[0])
+
+    class Recording(base):
+        def allocate(self, snapshot, jobs):
+            record(snapshot)
+            return super().allocate(snapshot, jobs)
+
+    return Recording()
+
+
 @pytest.mark.parametrize("events", [True, False])
 def test_a_due_reading_is_an_event_even_when_the_trace_is_quiet(events):
     """The live loop replans on a rate reading; a replay with one fragment and no other event
     must not leave a probe waiting for the trace (readings at warm-up, then every 100 s)."""
     rec, times, plans = _Recorder(), [], []
     rec.observe = lambda job_id, n_nodes, samples_per_s, now_s: times.append(now_s)
-    base = make_setup("upper-bound")[0]
-
-    class Planner(type(base)):
-        def allocate(self, snapshot, jobs):
-            plans.append(snapshot.now_s)
-            return super().allocate(snapshot, jobs)
-
-    register_setup("_test-quiet", lambda: (Planner(), rec, True))
+    register_setup("_test-quiet",
+                   lambda: (_recording(lambda snap: plans.append(snap.now_s)), rec, True))
     trace = trace_from_fragments([("n1", 0, 1000)])
     simulate(trace, [job("a", hi=1)], policy="_test-quiet",
              options=SimOptions(warmup_s=30, observe_every_s=100, reading_events=events))
@@ -195,16 +201,32 @@ def test_a_due_reading_is_an_event_even_when_the_trace_is_quiet(events):
         assert times == [] and plans == [0.0]
 
 
+@pytest.mark.parametrize("gap", [0.0, 5.0])
+def test_a_reading_replans_no_sooner_than_observe_replan_s_after_the_last_replan(gap):
+    """As in the live loop (``ControlOptions.observe_replan_s``): b's reading, due 2 s after
+    a's, waits until ``gap`` has passed since the replan a's reading made."""
+    rec, times, plans = _Recorder(), [], []
+    rec.observe = lambda job_id, n_nodes, samples_per_s, now_s: times.append((job_id, now_s))
+    register_setup("_test-gap",
+                   lambda: (_recording(lambda snap: plans.append(snap.now_s)), rec, True))
+    trace = trace_from_fragments([("n1", 0, 60), ("n2", 0, 60)])
+    simulate(trace, [job("a", hi=1), job("b", hi=1, submit=2.0)], policy="_test-gap",
+             options=SimOptions(warmup_s=30, observe_every_s=100, observe_replan_s=gap))
+    b_at = 32.0 if gap == 0 else 35.0
+    assert times == pytest.approx([("a", 30.0), ("b", b_at)])
+    assert plans == pytest.approx([0.0, 2.0, 30.0, b_at])
+
+
+def test_readings_that_could_never_stop_are_refused():
+    with pytest.raises(SpecError, match="observe_every_s > 0 or observe_replan_s > 0"):
+        SimOptions(observe_every_s=0, observe_replan_s=0)
+    SimOptions(observe_every_s=0, observe_replan_s=0, reading_events=False)  # nothing to loop
+
+
 def test_known_ends_reach_the_policy():
     seen = []
-    base = make_setup("upper-bound")[0]
-
-    class Probe(type(base)):
-        def allocate(self, snapshot, jobs):
-            seen.append(dict(snapshot.node_end_s))
-            return super().allocate(snapshot, jobs)
-
-    register_setup("_test-probe", lambda: (Probe(), None, False))
+    register_setup("_test-probe",
+                   lambda: (_recording(lambda snap: seen.append(dict(snap.node_end_s))), None, False))
     trace = trace_from_fragments([("n1", 0, 300), ("n2", 10, 200)])
     simulate(trace, [job("a")], policy="_test-probe", options=SimOptions(reveal_ends=1.0))
     assert seen[0] == {"n1": 300}

@@ -104,7 +104,8 @@ class ThroughputModel:
 
     @property
     def for_dips(self) -> bool:
-        """Whether the structure draws a drop at two nodes (admitted only after one)."""
+        """Whether the structure draws a drop at two nodes (admitted only after one; the
+        ``net`` ones also after a weak first step, ``estimate.NET_EFF``)."""
         return self.split or "net" in self.terms
 
     @property

@@ -203,11 +203,12 @@ def test_perturbed_curves_need_the_true_curves_and_a_sane_error():
 
 
 def test_a_labelled_jpa_setup_passes_its_options_to_the_advisor():
-    """``milp+jpa:kappa=0`` in ``bench jpa --setups`` is the same replay as advisor_options."""
+    """``milp+jpa:kappa=2`` in ``bench jpa --setups`` is the same replay as advisor_options
+    (and not the default one: on this case ``kappa=0`` happens to replay the default)."""
     tr, jobs = _small_case()
-    (lab,) = run_comparison(tr, jobs, setups=["milp+jpa:kappa=0"])
-    (opt,) = run_comparison(tr, jobs, setups=["milp+jpa"], advisor_options={"kappa": 0})
+    (lab,) = run_comparison(tr, jobs, setups=["milp+jpa:kappa=2"])
+    (opt,) = run_comparison(tr, jobs, setups=["milp+jpa"], advisor_options={"kappa": 2})
     (dflt,) = run_comparison(tr, jobs, setups=["milp+jpa"])
-    assert lab["setup"] == "milp+jpa:kappa=0"
+    assert lab["setup"] == "milp+jpa:kappa=2"
     assert (lab["samples"], lab["rescales"]) == (opt["samples"], opt["rescales"])
     assert (lab["samples"], lab["rescales"]) != (dflt["samples"], dflt["rescales"])

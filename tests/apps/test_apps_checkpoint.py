@@ -191,12 +191,15 @@ def _rows_child(directory: str) -> dict:  # a fresh process (see malleparsl.apps
 
 def test_reading_half_of_each_tensor_of_a_mapped_file_holds_that_half_only(tmp_path) -> None:
     """Touching half of each mapped tensor made most of the file resident (large page-cache
-    folios are mapped whole: 36.6 MB for half of a 33.5 MB file, ext4 on Linux 6.18)."""
+    folios are mapped whole: 36.6 MB for half of a 33.5 MB file, ext4 on Linux 6.18). The bound
+    sits halfway between the half and the whole file: the fixed read measures 1.13x the half
+    here and 1.17x on a CI machine (allocator and read-around overhead), a copy of the touched
+    rows 3.1x."""
     from malleparsl.apps.memory import run_fresh
 
     (row,) = run_fresh(_rows_child, [((str(tmp_path),), {})], timeout_s=120)
     assert row["kept"] == row["file"] // 2 // 2**20 * 2**20  # 16 MiB of a 32 MiB state
-    assert row["peak"] < 1.15 * row["kept"], row
+    assert row["peak"] < (row["kept"] + row["file"]) / 2, row
 
 
 def test_a_file_system_that_cannot_map_reads_the_file_whole(tmp_path, monkeypatch) -> None:

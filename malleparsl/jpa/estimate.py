@@ -78,18 +78,6 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> float | None:
     return math.sqrt(num / dof) if dof else None
 
 
-def _drops_at_first_step(sizes: np.ndarray, rates: np.ndarray) -> bool:
-    """Whether the smallest multi-node size measured is slower than one node: the shape the
-    split structures are admitted for, and the ``net`` terms (a dip they let grow again; those
-    also after a weak step, :func:`_weak_first_step`). Where the step is near linear,
-    ``compute`` alone describes what ``compute + net`` would fit there, and the ensemble would
-    count linear growth twice against the saturating structures: admitted always, it cost
-    ImageNet at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15); a split
-    structure would repeat its unsplit one. ``sizes``/``rates``:
-    :func:`_point_means` (each point counts by its readings, or pseudo-count)."""
-    return sizes.size >= 2 and sizes[0] == 1 and bool(rates[1] < rates[0])
-
-
 NET_EFF = 0.75
 """Parallel efficiency of the first multi-node step below which the ``net`` structures are
 admitted without a drop. A cost per step once the network joins (a ring all-reduce's, which
@@ -100,12 +88,19 @@ flat and held at one node, while its true curve grew at 59 % from 2 nodes on (zo
 curves read 92-100 % at 2 nodes."""
 
 
-def _weak_first_step(sizes: np.ndarray, rates: np.ndarray) -> bool:
-    """Whether the smallest multi-node size measured reads below :data:`NET_EFF` of linear
-    scaling from one node (a drop is the extreme case). ``sizes``/``rates``:
-    :func:`_point_means`."""
-    return (sizes.size >= 2 and sizes[0] == 1
-            and bool(rates[1] < NET_EFF * sizes[1] * rates[0]))
+def _first_step(sizes: np.ndarray, rates: np.ndarray) -> tuple[bool, bool]:
+    """``(drop, weak)``: whether the smallest multi-node size measured is slower than one node,
+    and whether it reads below :data:`NET_EFF` of linear scaling from one node (every drop is
+    weak: ``NET_EFF`` x 2 > 1). A drop admits the split structures and the ``net`` terms (a dip
+    they let grow again); a weak step the ``net`` terms only. Where the step is near linear,
+    ``compute`` alone describes what ``compute + net`` would fit there, and the ensemble would
+    count linear growth twice against the saturating structures: admitted always, it cost
+    ImageNet at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15); a split
+    structure would repeat its unsplit one. ``sizes``/``rates``: :func:`_point_means` (each
+    point counts by its readings, or pseudo-count)."""
+    if sizes.size < 2 or sizes[0] != 1:
+        return False, False
+    return bool(rates[1] < rates[0]), bool(rates[1] < NET_EFF * sizes[1] * rates[0])
 
 
 FLOOR_EXTRA = 2
@@ -158,8 +153,7 @@ def estimate(
     n_grid = np.arange(1, n_max + 1, dtype=float)
     # once per estimate: the drop test, the bounds' check and the measurement error below
     sizes, rates, counts = _point_means(samples)
-    drop = _drops_at_first_step(sizes, rates)
-    weak = drop or _weak_first_step(sizes, rates)  # admits the ``net`` structures, not the split
+    drop, weak = _first_step(sizes, rates)  # split and ``net`` structures; ``net`` only
     # the bounded structures only where two sizes could show a floor (each within ``tol``)
     bounds = None
     if any(m.floor and sizes.size >= m.n_params + FLOOR_EXTRA for m in models):

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -109,7 +110,8 @@ def measure_noop(*, nodes: int, tasks: int, pairs: int, timeout_s: float) -> dic
     """
     import parsl
 
-    dfk = parsl.load(_config(nodes, tempfile.mkdtemp(prefix="malleparsl-bench-noop-")))
+    run_dir = tempfile.mkdtemp(prefix="malleparsl-bench-noop-")  # removed after: one per run piled up
+    dfk = parsl.load(_config(nodes, run_dir))
     try:
         apps = {k: parsl.python_app(noop, executors=[k]) for k in ("htex", "malleable")}
         for k in apps:
@@ -128,6 +130,7 @@ def measure_noop(*, nodes: int, tasks: int, pairs: int, timeout_s: float) -> dic
     finally:
         dfk.cleanup()
         parsl.clear()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # ---- the command ------------------------------------------------------------------------

@@ -293,22 +293,24 @@ def render_pilot_script(config: Config, node: NodeId = "nid000001") -> str:
     import tempfile
 
     ex = config.executors[0]
-    ex.run_dir = tempfile.mkdtemp(prefix="malleparsl-render-")
-    ex.provider.script_dir = os.path.join(ex.run_dir, "submit_scripts")
-    os.makedirs(ex.provider.script_dir, exist_ok=True)
-    if ex.worker_port is None:
-        ex.worker_port = 54000  # what the interchange would hand out when started
-    if not hasattr(ex, "logconf_path"):
-        ex.logconf_path = None  # set by HTEX's start(); no logging config is shipped here
-    ex.initialize_scaling()
-    job_name = "parsl.malleable.block-0"
-    ex.provider.submit_to_node(launch_command(ex, "0"), 1, job_name, node=node)
-    # providers append a timestamp to the job name; the script is the file without a suffix
-    scripts = sorted(
-        f for f in os.listdir(ex.provider.script_dir)
-        if f.startswith(job_name) and not f.endswith((".stdout", ".stderr"))
-    )
-    if not scripts:
-        raise FileNotFoundError(f"the provider wrote no batch script for {job_name!r}")
-    with open(os.path.join(ex.provider.script_dir, scripts[-1])) as fh:
-        return fh.read()
+    # a scratch run directory, removed after (one per call piled up in the temporary directory)
+    with tempfile.TemporaryDirectory(prefix="malleparsl-render-") as run_dir:
+        ex.run_dir = run_dir
+        ex.provider.script_dir = os.path.join(run_dir, "submit_scripts")
+        os.makedirs(ex.provider.script_dir, exist_ok=True)
+        if ex.worker_port is None:
+            ex.worker_port = 54000  # what the interchange would hand out when started
+        if not hasattr(ex, "logconf_path"):
+            ex.logconf_path = None  # set by HTEX's start(); no logging config is shipped here
+        ex.initialize_scaling()
+        job_name = "parsl.malleable.block-0"
+        ex.provider.submit_to_node(launch_command(ex, "0"), 1, job_name, node=node)
+        # providers append a timestamp to the job name; the script is the file without a suffix
+        scripts = sorted(
+            f for f in os.listdir(ex.provider.script_dir)
+            if f.startswith(job_name) and not f.endswith((".stdout", ".stderr"))
+        )
+        if not scripts:
+            raise FileNotFoundError(f"the provider wrote no batch script for {job_name!r}")
+        with open(os.path.join(ex.provider.script_dir, scripts[-1])) as fh:
+            return fh.read()

@@ -46,6 +46,16 @@ def _build(fn, **kw):
     return cfg, fake
 
 
+def test_rendering_a_script_leaves_no_run_directory_behind(tmp_path, monkeypatch):
+    """Every render made a scratch run directory and kept it (five per test run piled up)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg, _ = _build(polaris_config, account="MyProject", node_cap=4, run_dir=str(tmp_path / "r"))
+    assert "#PBS" in render_pilot_script(cfg, node="x3005c0s7b0n0")
+    assert not list(tmp_path.glob("malleparsl-render-*"))
+
+
 def test_polaris_script_has_pbs_directives_gpu_binding_and_worker_launch(tmp_path):
     cfg, fake = _build(polaris_config, account="MyProject", node_cap=4, run_dir=str(tmp_path))
     ex = cfg.executors[0]

@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 MIN_NOISE_DOF = 5
 """Repeated readings (degrees of freedom) needed before the pooled monitor noise is trusted."""
 
+CHECK_MIN_S = 3600.0
+"""Remaining work (seconds at the best measured rate) a job needs for a check past its largest
+measured size (``check_beyond``): a check holds a size for two readings, about 11 minutes."""
+
 
 def profile_key(spec: JobSpec) -> str | None:
     """Jobs with the same key share a prior: ``meta['profile_key']``, else the model name."""
@@ -111,6 +115,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         release_flat: bool = True,
         pool_priors: bool = True,
         share_readings: bool = True,
+        check_beyond: bool = False,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -158,6 +163,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         # the finished jobs', not a snapshot of one job's (the default since session 13; out of
         # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa.md)
         self.share_readings = share_readings
+        # a long job whose estimate expects no gain past its largest measured size (its best)
+        # is run there once, on idle nodes: a pessimistic extrapolation is never checked else
+        self.check_beyond = check_beyond
         self._pools: dict[str, tuple[tuple, CurveEstimate]] = {}  # job -> (stamp, its pool)
         self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
@@ -614,8 +622,9 @@ class JobProfilingAdvisor(CurveAdvisor):
                 rec.done_est += dt * float(p[k])
             rec.ran_ns[k] = rec.ran_ns.get(k, 0.0) + ns
             if rec.probe is not None and k == rec.probe.size:
-                rec.probe_ns += ns
-                self.probe_ns += ns
+                cost = (k - rec.probe.base) * dt  # a check: only the nodes it added
+                rec.probe_ns += cost
+                self.probe_ns += cost
             pred = self._last_pred.get(job)
             if pred is not None and k < pred.size:
                 acc = self.decisions.setdefault((job, k), [0.0, 0.0])
@@ -641,6 +650,9 @@ class JobProfilingAdvisor(CurveAdvisor):
                 continue
             if rec.job_id in runs and p.size not in runs[rec.job_id]:
                 p.size, p.started_s = least(rec), None
+            if p.check and p.started_s is None and allocation.size(rec.job_id) != p.size:
+                rec.probe = None  # the idle nodes it was for went elsewhere: not retried
+                continue
             if allocation.size(rec.job_id) != p.size:
                 p.started_s = None  # not placed (no nodes, or lost them): the clock waits
             elif p.started_s is None:
@@ -672,6 +684,57 @@ class JobProfilingAdvisor(CurveAdvisor):
                 break
             rec.probe = Probe(size=size, requested_s=now)
             in_use += size
+        if self.check_beyond:
+            self._start_checks(now, recs, allocation, n_nodes)
+
+    def _start_checks(
+        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int
+    ) -> None:
+        """Run a long job once at twice its largest measured size when its estimate expects no
+        gain there, on nodes nobody holds, within the probing budget.
+
+        An estimate that expects a job to gain nothing past what it measured is never checked:
+        the allocator does not go there, so no reading contradicts it. A staircase read at an
+        odd size looks like a peak (zoo ``step``: 1.55x at 2 nodes, 1.59x at 3, truly 3.05x at
+        4 and linear on, planned to decline and held at 2 nodes for 10,000 s; docs/jpa.md,
+        session 26). Only jobs whose remaining work at their best rate lasts ``CHECK_MIN_S``
+        are checked (a check holds the size for two readings), only at a size no job of the
+        model measured, and only on idle nodes, which no job's plan wanted."""
+        credit = self.probe_timeout_s
+        if self.probe_ns > self.probe_share * self.used_ns + credit:
+            return
+        pending = sum(max(r.probe.size - allocation.size(r.job_id), 0)
+                      for r in recs if r.probe is not None)
+        idle = n_nodes - sum(map(len, allocation.assignment.values())) - pending
+        for rec in sorted(recs, key=lambda r: r.order):
+            if idle <= 0:
+                return
+            cur = allocation.size(rec.job_id)
+            if rec.probe is not None or cur == 0 or not rec.obs or not self.predictable(rec):
+                continue
+            means = {k: float(np.mean(x)) for k, x in rec.obs.items() if x}
+            if rec.prior is not None:  # what the model's other jobs measured, at this job's level
+                means = {m: rec.prior.rate(m) for m in rec.prior.measured} | means
+            top, best = max(means), max(means.values())
+            size = min(2 * top, rec.spec.max_nodes)
+            if (means[top] < (1 - self.gain_tol) * best or size <= max(top, cur)
+                    or size in rec.checked or size - cur > idle):
+                continue
+            est = rec.estimate(max(rec.spec.max_nodes, size), default_noise=self.default_noise)
+            if est is None or est.mean[size] > (1 + self.gain_tol) * best:
+                continue
+            total = rec.spec.total_samples
+            done = rec.done_est if rec.done_reported is None else rec.done_reported
+            if math.isfinite(total) and (total - done) / best < CHECK_MIN_S:
+                continue
+            # its cost at most (the nodes it adds until a probe times out) within the budget
+            if self.probe_ns + (size - cur) * credit > self.probe_share * self.used_ns + credit:
+                continue
+            rec.checked.add(size)
+            rec.probe = Probe(size=size, requested_s=now, check=True, base=cur)
+            idle -= size - cur
+            log.info("job %r: checking %d nodes (estimate %.3g/s, best measured %.3g/s)",
+                     rec.job_id, size, float(est.mean[size]), best)
 
 
 def _curve_as_estimate(curve: ScalingCurve, n_max: int) -> CurveEstimate:

@@ -40,6 +40,8 @@ class Probe:
     size: int
     requested_s: float
     started_s: float | None = None
+    check: bool = False  # a predictable job's check past its largest size (on idle nodes)
+    base: int = 0  # nodes the job held when the probe was asked for: a check's cost is the rest
 
 
 @dataclass(eq=False)
@@ -69,6 +71,7 @@ class JobRecord:
     probe: Probe | None = None
     probe_failures: int = 0
     next_probe_s: float = 0.0
+    checked: set[int] = field(default_factory=set)  # sizes a check was started at (once each)
     pauses: dict[str, list[float]] = field(default_factory=lambda: {"up": [], "down": []})
     ran_ns: dict[int, float] = field(default_factory=dict)  # size -> node-seconds held at it
     _cache: tuple[tuple[int, int, float], CurveEstimate] | None = None

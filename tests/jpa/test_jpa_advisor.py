@@ -603,3 +603,55 @@ def test_spare_nodes_spread_evenly_for_any_queue_and_machine(n_jobs, extra):
     assert len(probed) == 1
     sizes = [ctl.allocation.size(j) for j in names if j not in probed]
     assert sum(sizes) == n_nodes - 1 and max(sizes) - min(sizes) <= 1, sizes
+
+
+def _staircase_read(n_nodes: int, *, total: float = 1e12, busy: bool = False, **kw):
+    """A job that read 1.0x, 1.55x and 1.59x at 1, 2 and 3 nodes (zoo ``step``: pairs of nodes,
+    truly 3.1x at 4 and 4.6x at 6), in a controller; ``busy``: another job holds every other
+    node. Returns the advisor, the controller and the clock after two replans."""
+    jpa, ctl = make(n_nodes=n_nodes, probe_share=1.0, **kw)  # budget: not what is tested
+    ctl.submit(JobSpec("j", max_nodes=16, rescale_up_s=1.0, total_samples=total), now_s=0)
+    if busy:
+        ctl.submit(JobSpec("b", min_nodes=n_nodes - 3, max_nodes=n_nodes - 3, rescale_up_s=1.0,
+                           curve=ScalingCurve((1, n_nodes - 3), (100.0, 100.0 * (n_nodes - 3)))),
+                   now_s=0)
+    ctl.replan(now_s=0)
+    t = 0.0
+    for n, rate in ((1, 100.0), (1, 100.0), (2, 155.0), (2, 155.0), (3, 159.0), (3, 159.0)):
+        t += 300.0
+        jpa.observe("j", n, rate, t)
+    for _ in range(2):  # the first replan fits the readings, the second sees its estimate
+        t += 1800.0  # (node-seconds used for the probing budget: the check adds 3 nodes)
+        ctl.replan(now_s=t)
+    return jpa, ctl, t
+
+
+def test_a_long_job_whose_estimate_expects_no_gain_past_its_largest_size_is_checked_there():
+    """Flat from 2 to 3 nodes, every structure that fits peaks, and the plan offered nothing
+    past 3 nodes: the allocator never went there, so nothing contradicted it (zoo ``step``
+    0:128 seed 18: held at 2 nodes for 10,000 s, the oracle ran the job at 16-38). A check
+    runs it once at twice its largest size, on idle nodes, and the reading stands after (a
+    flat estimate past it may check the next doubling, never the same size twice)."""
+    jpa, ctl, t = _staircase_read(16, check_beyond=True)
+    rec = jpa.records["j"]
+    assert jpa._last_pred["j"][6] < 159.0  # the estimate: no gain at 6 nodes
+    assert jpa.probe_requests() == {"j": 6} and rec.probe.check and rec.probe.base >= 1
+    assert ctl.allocation.size("j") == 6
+    t = feed(ctl, "j", 460.0, 2, t)
+    ctl.replan(now_s=t)
+    assert 6 in rec.checked and jpa.probe_requests() in ({}, {"j": 12})  # never 6 again
+    assert jpa.planning_curve(rec, 16).rate(6) == pytest.approx(460.0, rel=0.05)
+    assert jpa.probe_ns <= 5 * (t - 0)  # a check counts the nodes it added, not the job's own
+    off, _, _ = _staircase_read(16, check_beyond=False)
+    assert off.probe_requests() == {} and not off.records["j"].checked
+
+
+@pytest.mark.parametrize("case", ["short", "busy"])
+def test_a_check_is_not_made_for_a_short_job_nor_on_nodes_others_hold(case):
+    """A check holds its size for two readings: a job with less than ``CHECK_MIN_S`` of work
+    left does not repay it; and it is made only on idle nodes, which no job's plan wanted."""
+    from malleparsl.jpa.advisor import CHECK_MIN_S
+
+    total = 0.5 * CHECK_MIN_S * 159.0 if case == "short" else 1e12
+    jpa, ctl, _ = _staircase_read(16, total=total, busy=case == "busy", check_beyond=True)
+    assert jpa.probe_requests() == {} and not jpa.records["j"].checked

@@ -87,13 +87,13 @@ def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=No
     busy = set(expand_hostlist(slurm.run(f"squeue -h -j {facility} -o %N").stdout))
     worker_init = (f"export PATH={Path(sys.executable).parent}:$PATH; "
                    f"export PYTHONPATH={HERE}:$PYTHONPATH")
+    control = ControlOptions(poll_period_s=0.2, release_grace_s=1.0, socket_ifname=socket_ifname)
     cfg = slurm_scavenger_config(
         partition="scavenger", node_cap=8, walltime="00:15:00", worker_init=worker_init,
         query_period_s=0.5, address=address, run=slurm.runner(),
         run_dir=str(tmp_path / "runinfo"), ckpt_root=str(tmp_path / "ckpt"),
         heartbeat_period=1, heartbeat_threshold=5,
-        control=ControlOptions(poll_period_s=0.2, release_grace_s=1.0,
-                               socket_ifname=socket_ifname),
+        control=control,
         warm_modules=("torch", "torch.distributed"),
         scavenger_options={"retake_after_s": 1.0, "claim_timeout_s": 60.0,
                            "return_after_s": 2.0},
@@ -125,8 +125,11 @@ def run_preemption_e2e(slurm, tmp_path, *, address="127.0.0.1", socket_ifname=No
         hp_nodes = set(expand_hostlist(slurm.run(f"squeue -h -j {hp} -o %N").stdout))
         assert len(hp_nodes) == 3 and hp_nodes <= idle  # it runs on preempted pilots' nodes
         before = [r for r in _log(log_path) if r[0] < t_hp]
-        _wait(lambda: any(r[0] > t_hp and r[2] == 2 for r in _log(log_path)), 60,
-              "training on the 2 surviving nodes")
+        # a liveness bound, not a figure: a surviving rank that waits on a lost peer is
+        # concluded only after fail_grace_s (30 s), then the group restarts (spawn, rendezvous,
+        # checkpoint load); across emulated hosts on a loaded 2-core machine 60 s was too few
+        _wait(lambda: any(r[0] > t_hp and r[2] == 2 for r in _log(log_path)),
+              control.fail_grace_s + 90, "training on the 2 surviving nodes")
         rows = _log(log_path)
         first_small = next(r for r in rows if r[0] > t_hp and r[2] == 2)
         resume_s = first_small[0] - t_hp  # printed below; not asserted (load-dependent)

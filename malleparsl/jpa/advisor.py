@@ -569,17 +569,11 @@ class JobProfilingAdvisor(CurveAdvisor):
 
     def _nearly_done(self, rec: JobRecord) -> bool:
         """Whether the job's remaining work, at the best rate it measured, is shorter than
-        ``explore_min_s``: measuring a new size (a pause, a warm-up, a reading) would not pay.
-
-        The work done is the controller's reported progress where it has one (exact), else the
-        JPA's own integral of the rates (``done_est``: off by the error of the rates assumed
-        at unmeasured sizes)."""
-        total = rec.spec.total_samples
-        if not math.isfinite(total) or not rec.obs:
+        ``explore_min_s``: measuring a new size (a pause, a warm-up, a reading) would not pay."""
+        if not rec.obs:
             return False
         best = max(float(np.mean(x)) for x in rec.obs.values() if x)
-        done = rec.done_est if rec.done_reported is None else rec.done_reported
-        return best > 0 and (total - done) / best < self.explore_min_s
+        return _remaining_s(rec, best) < self.explore_min_s
 
     def _per_node(self, rec: JobRecord, est: CurveEstimate | None = None) -> float:
         """The best samples/s per node seen (own data, else the prior): the linear bound."""
@@ -693,10 +687,11 @@ class JobProfilingAdvisor(CurveAdvisor):
             rec.probe = Probe(size=size, requested_s=now)
             in_use += size
         if self.check_beyond:
-            self._start_checks(now, recs, allocation, n_nodes)
+            self._start_checks(now, recs, allocation, n_nodes, runs)
 
     def _start_checks(
-        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int
+        self, now: float, recs: list[JobRecord], allocation: Allocation, n_nodes: int,
+        runs: Mapping[str, Sequence[int]],
     ) -> None:
         """Run a long job once at twice its largest measured size when its estimate expects no
         gain there, on nodes nobody holds, within the probing budget.
@@ -707,7 +702,9 @@ class JobProfilingAdvisor(CurveAdvisor):
         4 and linear on, planned to decline and held at 2 nodes for 10,000 s; docs/jpa.md,
         session 26). Only jobs whose remaining work at their best rate lasts ``CHECK_MIN_S``
         are checked (a check holds the size for two readings), only at a size no job of the
-        model measured, and only on idle nodes, which no job's plan wanted."""
+        model measured, and only on idle nodes, which no job's plan wanted. A job that runs at
+        some sizes only (``runs``) is checked at the largest of them up to twice its largest
+        measured size."""
         credit = self.probe_timeout_s
         if self.probe_ns > self.probe_share * self.used_ns + credit:
             return
@@ -725,15 +722,15 @@ class JobProfilingAdvisor(CurveAdvisor):
                 means = {m: rec.prior.rate(m) for m in rec.prior.measured} | means
             top, best = max(means), max(means.values())
             size = min(2 * top, rec.spec.max_nodes)
+            if rec.job_id in runs:  # the largest size up to there the job can run at
+                size = max((k for k in runs[rec.job_id] if k <= size), default=0)
             if (means[top] < (1 - self.gain_tol) * best or size <= max(top, cur)
                     or size in rec.checked or size - cur > idle):
                 continue
             est = rec.estimate(max(rec.spec.max_nodes, size), default_noise=self.default_noise)
             if est is None or est.mean[size] > (1 + self.gain_tol) * best:
                 continue
-            total = rec.spec.total_samples
-            done = rec.done_est if rec.done_reported is None else rec.done_reported
-            if math.isfinite(total) and (total - done) / best < CHECK_MIN_S:
+            if _remaining_s(rec, best) < CHECK_MIN_S:
                 continue
             # its cost at most (the nodes it adds until a probe times out) within the budget
             if self.probe_ns + (size - cur) * credit > self.probe_share * self.used_ns + credit:
@@ -743,6 +740,19 @@ class JobProfilingAdvisor(CurveAdvisor):
             idle -= size - cur
             log.info("job %r: checking %d nodes (estimate %.3g/s, best measured %.3g/s)",
                      rec.job_id, size, float(est.mean[size]), best)
+
+
+def _remaining_s(rec: JobRecord, rate: float) -> float:
+    """Seconds the job's remaining work lasts at ``rate`` (inf: unbounded, or no rate).
+
+    The work done is the controller's reported progress where it has one (exact), else the
+    JPA's own integral of the rates (``done_est``: off by the error of the rates assumed at
+    unmeasured sizes)."""
+    total = rec.spec.total_samples
+    if not math.isfinite(total) or not rate > 0:
+        return math.inf
+    done = rec.done_est if rec.done_reported is None else rec.done_reported
+    return (total - done) / rate
 
 
 def _curve_as_estimate(curve: ScalingCurve, n_max: int) -> CurveEstimate:

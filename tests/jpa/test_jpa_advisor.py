@@ -605,12 +605,16 @@ def test_spare_nodes_spread_evenly_for_any_queue_and_machine(n_jobs, extra):
     assert sum(sizes) == n_nodes - 1 and max(sizes) - min(sizes) <= 1, sizes
 
 
-def _staircase_read(n_nodes: int, *, total: float = 1e12, busy: bool = False, **kw):
+def _staircase_read(n_nodes: int, *, total: float = 1e12, busy: bool = False,
+                    sizes: tuple[int, ...] | None = None, **kw):
     """A job that read 1.0x, 1.55x and 1.59x at 1, 2 and 3 nodes (zoo ``step``: pairs of nodes,
     truly 3.1x at 4 and 4.6x at 6), in a controller; ``busy``: another job holds every other
-    node. Returns the advisor, the controller and the clock after two replans."""
+    node; ``sizes``: the only node counts the job runs at (``Controller.limit_sizes``).
+    Returns the advisor, the controller and the clock after two replans."""
     jpa, ctl = make(n_nodes=n_nodes, probe_share=1.0, **kw)  # budget: not what is tested
     ctl.submit(JobSpec("j", max_nodes=16, rescale_up_s=1.0, total_samples=total), now_s=0)
+    if sizes is not None:
+        ctl.limit_sizes("j", sizes, why="a fixed plan (test)")
     if busy:
         ctl.submit(JobSpec("b", min_nodes=n_nodes - 3, max_nodes=n_nodes - 3, rescale_up_s=1.0,
                            curve=ScalingCurve((1, n_nodes - 3), (100.0, 100.0 * (n_nodes - 3)))),
@@ -644,6 +648,15 @@ def test_a_long_job_whose_estimate_expects_no_gain_past_its_largest_size_is_chec
     assert jpa.probe_ns <= 5 * (t - 0)  # a check counts the nodes it added, not the job's own
     off, _, _ = _staircase_read(16, check_beyond=False)
     assert off.probe_requests() == {} and not off.records["j"].checked
+
+
+def test_a_job_that_runs_at_some_sizes_only_is_checked_at_one_of_them():
+    """A fixed FSDP2 plan runs only where its ranks split the batch: twice the largest measured
+    size (6) is not one of them, so the check goes to the largest that is, up to there (a check
+    at 6 would never be placed, and was dropped at the next replan)."""
+    jpa, ctl, _ = _staircase_read(16, sizes=(1, 2, 3, 5, 8, 16), check_beyond=True)
+    assert jpa.probe_requests() == {"j": 5} and jpa.records["j"].probe.check
+    assert ctl.allocation.size("j") == 5
 
 
 @pytest.mark.parametrize("case", ["short", "busy"])

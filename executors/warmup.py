@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -59,7 +60,8 @@ def rehearse_entry(
     The control loop stops it through ``stop_key(info.job_id)`` once its first progress record
     appears; the scratch directory is removed afterwards.
     """
-    scratch = tempfile.mkdtemp(prefix="malleparsl-rehearsal-")
+    sweep_stale_scratch()
+    scratch = tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid()))
     t0 = time.perf_counter()
     try:
         info = dataclasses.replace(
@@ -70,6 +72,50 @@ def rehearse_entry(
         shutil.rmtree(scratch, ignore_errors=True)
     return {"pid": os.getpid(), "seconds": time.perf_counter() - t0,
             "status": getattr(out, "status", None)}
+
+
+SCRATCH_PREFIX = "malleparsl-rehearsal-"
+"""Name of a rehearsal's scratch directory: this prefix, the host, the worker's pid, a suffix."""
+
+
+def _scratch_prefix(pid: int) -> str:
+    return f"{SCRATCH_PREFIX}{socket.gethostname()}-{pid}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_scratch(tmp: str | None = None) -> list[str]:
+    """Remove this host's rehearsal scratch directories whose worker process is gone.
+
+    A worker killed mid-rehearsal (its node taken back, SIGKILL) never runs the ``finally``
+    that removes its scratch directory, and every such kill left one in the temporary
+    directory. The next rehearsal on the host sweeps them; only this host's (a shared temporary
+    directory holds other hosts' pids too) and only dead pids (a reused pid keeps its
+    directory: harmless). Returns the removed paths."""
+    root = tmp or tempfile.gettempdir()
+    host = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        # "<pid>-<suffix>" exactly (mkdtemp's suffix has no "-"): not a host named "<host>-..."
+        rest = name[len(host):].split("-") if name.startswith(host) else []
+        pid = rest[0] if len(rest) == 2 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            path = os.path.join(root, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def entry_key(entry: Any) -> tuple[str, str]:

@@ -354,6 +354,15 @@ def test_rehearse_entry_runs_the_real_entry_in_a_scratch_dir_until_told_to_stop(
     from malleparsl.executors.warmup import rehearse_entry
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the scratch dir goes here
+    import socket
+    import subprocess
+    import sys
+
+    from malleparsl.executors.warmup import SCRATCH_PREFIX
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a rehearsal killed before: its directory is swept by this one
+    (tmp_path / f"{SCRATCH_PREFIX}{socket.gethostname()}-{gone.pid}-old").mkdir()
 
     master = dist.TCPStore("127.0.0.1", 0, None, True,
                            timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
@@ -372,7 +381,37 @@ def test_rehearse_entry_runs_the_real_entry_in_a_scratch_dir_until_told_to_stop(
                                                      "progress_every_s": 0.0})
     t.join()
     assert out["status"] == "stopped" and out["seconds"] > 0  # stopped by its key, not its end
-    assert list(tmp_path.iterdir()) == []  # the scratch checkpoint directory is gone
+    assert list(tmp_path.iterdir()) == []  # its scratch directory and the killed one's are gone
+
+
+def test_scratch_dirs_of_rehearsals_killed_on_this_host_are_swept(tmp_path):
+    """A worker killed mid-rehearsal never removes its scratch directory (its ``finally`` does
+    not run): the next rehearsal on the host removes those of dead workers, only this host's
+    (a shared temporary directory holds other hosts' pids) and never a live worker's."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from malleparsl.executors.warmup import SCRATCH_PREFIX, sweep_stale_scratch
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs
+    host = socket.gethostname()
+    names = {
+        "dead": f"{SCRATCH_PREFIX}{host}-{gone.pid}-abc",
+        "live": f"{SCRATCH_PREFIX}{host}-{os.getppid()}-def",
+        "other host": f"{SCRATCH_PREFIX}elsewhere.{host}-{gone.pid}-ghi",
+        "a host named like ours and more": f"{SCRATCH_PREFIX}{host}-7-{gone.pid}-mno",
+        "not ours": f"something-{gone.pid}-jkl",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt.pt").write_bytes(b"x")
+    removed = sweep_stale_scratch(str(tmp_path))
+    assert removed == [str(tmp_path / names["dead"])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        v for k, v in names.items() if k != "dead")
 
 
 # ---- errors by type, not text; deadlines (issue 12) ------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from malleparsl.errors import CheckpointWriteError, unknown_name
 from malleparsl.executors.synthetic import STATE_FILE
+from malleparsl.procs import process_alive
 
 FAULTS: dict[str, type[Fault]] = {}
 
@@ -108,16 +109,6 @@ class SigstopRank(Fault):
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         return [f"stopped worker {self.pid} was left alive"]
-
-
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs or is stopped; a zombie (dead, not yet reaped) is not alive."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @register_fault

@@ -31,6 +31,7 @@ from typing import Any
 
 from malleparsl.executors.protocol import DEFAULT_KEY_PREFIX, RankInfo, progress_key, stop_key
 from malleparsl.model import NodeId
+from malleparsl.procs import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +83,6 @@ def _scratch_prefix(pid: int) -> str:
     return f"{SCRATCH_PREFIX}{socket.gethostname()}-{pid}-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def sweep_stale_scratch(tmp: str | None = None) -> list[str]:
     """Remove this host's rehearsal scratch directories whose worker process is gone.
 
@@ -111,7 +102,7 @@ def sweep_stale_scratch(tmp: str | None = None) -> list[str]:
         # "<pid>-<suffix>" exactly (mkdtemp's suffix has no "-"): not a host named "<host>-..."
         rest = name[len(host):].split("-") if name.startswith(host) else []
         pid = rest[0] if len(rest) == 2 else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             path = os.path.join(root, name)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

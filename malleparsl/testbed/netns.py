@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from malleparsl.errors import MalleparslError, SpecError
+from malleparsl.procs import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +91,6 @@ def require_tools() -> None:
         raise TestbedError("network namespaces need root (CI runs as root)")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_ns_processes(netns: str) -> None:
     res = ip("netns", "pids", netns, check=False)
     for tok in res.stdout.split():
@@ -119,7 +110,7 @@ def remove_stale() -> list[str]:
             pid = int(name[len(NS_PREFIX):].split("-")[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not process_alive(pid):
             _kill_ns_processes(name)
             ip("netns", "del", name, check=False)
             removed.append(name)
@@ -133,7 +124,7 @@ def remove_stale() -> list[str]:
             pid = int(name[len(LINK_PREFIX):len(LINK_PREFIX) + 6], 16)
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not process_alive(pid):
             ip("link", "del", name, check=False)
             removed.append(name)
     if removed:

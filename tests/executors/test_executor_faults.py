@@ -22,7 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 from parsl.dataflow.dflow import DataFlowKernel  # noqa: E402
 
 from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
-from malleparsl.executors.faults import process_alive  # noqa: E402
+from malleparsl.procs import process_alive  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
 from malleparsl.executors.options import ControlOptions  # noqa: E402
 from malleparsl.executors.synthetic import synthetic_entry  # noqa: E402

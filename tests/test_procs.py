@@ -27,3 +27,15 @@ def test_a_zombie_is_not_alive():
     with open(f"/proc/{p.pid}/stat") as fh:  # still there, as a zombie
         assert fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     p.wait()
+
+
+def test_without_procfs_a_signal_probe_answers(monkeypatch, tmp_path):
+    """On a system without /proc (macOS) every pid would read as dead, and a sweep would take a
+    live worker's scratch directory for a dead one's: a signal-0 probe answers there."""
+    import malleparsl.procs as procs
+
+    monkeypatch.setattr(procs, "PROC", str(tmp_path / "no-procfs"))
+    assert process_alive(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert not process_alive(p.pid)

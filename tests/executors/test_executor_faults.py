@@ -22,11 +22,11 @@ dist = pytest.importorskip("torch.distributed")
 from parsl.dataflow.dflow import DataFlowKernel  # noqa: E402
 
 from malleparsl.executors.bench_rescale import local_malleable_config  # noqa: E402
-from malleparsl.procs import process_alive  # noqa: E402
 from malleparsl.executors.manual_source import ManualNodeSource  # noqa: E402
 from malleparsl.executors.options import ControlOptions  # noqa: E402
 from malleparsl.executors.synthetic import synthetic_entry  # noqa: E402
 from malleparsl.executors.watchdog import InterchangeLostError  # noqa: E402
+from malleparsl.procs import process_alive  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 DEADLINE_S = 300  # generous: pilots start slowly on a loaded machine

@@ -79,8 +79,12 @@ SCRATCH_PREFIX = "malleparsl-rehearsal-"
 """Name of a rehearsal's scratch directory: this prefix, the host, the worker's pid, a suffix."""
 
 
+def _host_prefix() -> str:
+    return f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+
+
 def _scratch_prefix(pid: int) -> str:
-    return f"{SCRATCH_PREFIX}{socket.gethostname()}-{pid}-"
+    return f"{_host_prefix()}{pid}-"
 
 
 def sweep_stale_scratch(tmp: str | None = None) -> list[str]:
@@ -92,7 +96,7 @@ def sweep_stale_scratch(tmp: str | None = None) -> list[str]:
     directory holds other hosts' pids too) and only dead pids (a reused pid keeps its
     directory: harmless). Returns the removed paths."""
     root = tmp or tempfile.gettempdir()
-    host = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+    host = _host_prefix()
     removed = []
     try:
         names = os.listdir(root)

@@ -14,6 +14,7 @@ from malleparsl.errors import SpecError
 from malleparsl.jpa.estimate import (
     CurveEstimate,
     estimate,
+    gap_sd,
     ground_truth,
     pooled_noise,
     prior_level,
@@ -293,6 +294,20 @@ def test_past_a_knee_the_estimate_is_flat_and_between_it_rises_to_it():
     assert est.mean[k] == pytest.approx(f(k), rel=0.03)
     smooth = estimate(s, n_max=64, noise_rel=0.03, models=[m for m in MODELS if not m.floor])
     assert smooth.mean[19] < 0.9 * f(19) and smooth.mean[32] > 1.05 * f(32)
+
+
+def test_the_gap_uncertainty_is_zero_at_and_outside_the_measured_sizes_and_peaks_midway():
+    """``gap_sd``: what the model-free estimate allows between two measured sizes."""
+    sizes = np.array([1, 4, 16])
+    rates = np.array([100.0, 380.0, 400.0])
+    n = np.arange(1, 21, dtype=float)
+    mean = np.interp(n, sizes, rates)
+    g = gap_sd(n, sizes, rates, mean)
+    assert np.all(g[np.isin(n, sizes) | (n > 16)] == 0)
+    # 10 nodes, midway between 4 and 16: GAP_SIGMA of the rate plus half the step
+    assert g[9] == pytest.approx(estimate_module.GAP_SIGMA * mean[9] + 0.5 * 20.0)
+    assert np.all(g[(n > 4) & (n < 16)] > 0) and np.all(g[(n > 1) & (n < 4)] > 0)
+    assert not gap_sd(n, sizes[:1], rates[:1], mean).any()
 
 
 def test_one_flat_size_is_no_bound():

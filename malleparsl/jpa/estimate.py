@@ -288,7 +288,7 @@ def gap_sd(n: np.ndarray, sizes: np.ndarray, rates: np.ndarray, mean: np.ndarray
     """What may hide between two measured sizes (a dip or a peak): 0 at them and outside them,
     peaking midway at :data:`GAP_SIGMA` of ``mean`` plus half the step between the neighbours'
     ``rates``. Only the model-free estimate uses it: added to a fitted estimate's planning
-    sigma it cost 0.3-0.5 points and an ImageNet run (docs/jpa.md, session 28)."""
+    sigma it cost 0.25-0.5 points on the zoo (docs/jpa.md, session 28)."""
     out = np.zeros_like(mean, dtype=float)
     if sizes.size < 2:
         return out

@@ -197,7 +197,7 @@ def bench_jpa(
     noise: float = typer.Option(0.03, help="Relative noise of measured rates."),
     seed: int = typer.Option(
         0, help="Random seed of the measurement noise and of 'shapes:N' jobs' arrivals."),
-    seeds: str = typer.Option("", help="Zoo only: seeds as '0-3' or '0,2' (default: --seed)."),
+    seeds: str = typer.Option("", help="Zoo only: seeds as '0-3', '0,2' or '0-3,24-27' (default: --seed)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
 ) -> None:
     """Print samples trained vs the oracle, profiling share and curve MAPE per setup."""

@@ -60,18 +60,21 @@ def parse_families(spec: str) -> list[str]:
 
 
 def parse_seeds(spec: str) -> list[int]:
-    """``0-3`` or ``0,2,5``."""
+    """``0-3``, ``0,2,5`` or both (``0-3,24-27``): each comma-separated part a seed or a range,
+    in the order given, repeats dropped."""
+    seeds: list[int] = []
     try:
-        if "-" in spec:
-            a, b = spec.split("-")
-            seeds = list(range(int(a), int(b) + 1))
-        else:
-            seeds = [int(s) for s in spec.split(",")]
+        for part in spec.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                if int(b) < int(a):
+                    raise ValueError
+                seeds += range(int(a), int(b) + 1)
+            else:
+                seeds.append(int(part))
     except ValueError:
-        raise SpecError(f"seeds must look like '0-3' or '0,2,5', got {spec!r}") from None
-    if not seeds:
-        raise SpecError(f"seeds {spec!r} name no seed")
-    return seeds
+        raise SpecError(f"seeds must look like '0-3', '0,2,5' or '0-3,24-27', got {spec!r}") from None
+    return list(dict.fromkeys(seeds))
 
 
 def family_jobs(family: str, *, seed: int, start_s: float) -> list:

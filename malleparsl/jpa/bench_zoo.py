@@ -66,10 +66,10 @@ def parse_seeds(spec: str) -> list[int]:
     try:
         for part in spec.split(","):
             if "-" in part:
-                a, b = part.split("-")
-                if int(b) < int(a):
+                lo, hi = map(int, part.split("-"))
+                if hi < lo:
                     raise ValueError
-                seeds += range(int(a), int(b) + 1)
+                seeds += range(lo, hi + 1)
             else:
                 seeds.append(int(part))
     except ValueError:

@@ -1,4 +1,4 @@
-"""Where the free-running loss of ``milp+jpa`` against the oracle goes (docs/jpa.md, session 9).
+"""Where the free-running loss of ``milp+jpa`` against the oracle goes (docs/jpa-log.md, session 9).
 
 Replays a zoo family (or ImageNet) under the oracle (``milp``, true curves) and ``milp+jpa``,
 both audited (:class:`~malleparsl.jpa.audit.DecisionAudit`; the answers are unchanged), and

@@ -1,4 +1,4 @@
-"""Which jobs make a run's gap to the oracle, and what the JPA saw (docs/jpa.md, session 22).
+"""Which jobs make a run's gap to the oracle, and what the JPA saw (docs/jpa-log.md, session 22).
 
 Replays one zoo family (or ImageNet) on the Summit trace under the oracle (``milp``, true
 curves) and ``milp+jpa``, then splits the gap job by job: each job's samples in both runs, its

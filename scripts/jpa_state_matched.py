@@ -1,4 +1,4 @@
-"""State-matched comparison of JPA planning-curve variants (docs/jpa.md, decision efficiency).
+"""State-matched comparison of JPA planning-curve variants (docs/jpa-log.md, decision efficiency).
 
 Replays the default ``milp+jpa`` (the trajectory is the default's) and, at each decision, also
 computes what each variant would choose in exactly that state: the variant's planning curves

@@ -37,7 +37,10 @@ estimate expects within ``gain_tol`` of the rate it measured there.
 default since session 26): the allocator never goes where the plan offers nothing, so no
 reading would contradict it. A job whose largest measured size (its own or its model's) is its
 best and whose estimate expects no more at twice that size, with at least ``CHECK_MIN_S`` of
-work left, is run there once — on idle nodes only, within the probing budget.
+work left, is run there once — on idle nodes only, within the probing budget. The converse,
+**past a measured fall** (``fall_cap``, opt-in since session 29): a job that read a peak and a
+fall after it is planned no higher than its best rate read at sizes beyond the explored ones,
+so sigma growing per doubling does not send it 3-4x past its peak.
 
 **A model's prior is everything its jobs measured** (``pool_priors``, the default since
 session 11): a finished job's estimate becomes its model's prior with the sizes of the prior it
@@ -122,6 +125,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         pool_priors: bool = True,
         share_readings: bool = True,
         check_beyond: bool = True,
+        fall_cap: bool = False,
     ) -> None:
         for name, v, lo in [
             ("kappa", kappa, 0.0), ("default_noise", default_noise, 0.0),
@@ -156,24 +160,28 @@ class JobProfilingAdvisor(CurveAdvisor):
         # jobs queued before their model was measured take its prior once one exists (the
         # default since session 12: +1.2 / +1.4 points in progress at 0:512 on runs no rule was
         # tuned on, tuned families' seeds 4-11 / held-out families; neutral at 0:128 and -0.1
-        # on the tuning seeds 0-3; docs/jpa.md "Session 12")
+        # on the tuning seeds 0-3; docs/jpa-log.md "Session 12")
         self.adopt_priors = adopt_priors
         # with no idle node, a job measured at its size and expected as fast on fewer nodes is
-        # held to those fewer (docs/jpa.md, session 9; the default since session 10: +1.4
+        # held to those fewer (docs/jpa-log.md, session 9; the default since session 10: +1.4
         # points in samples and in progress at 0:512 on tuning seeds it was not designed on)
         self.release_flat = release_flat
         # a model's prior keeps the sizes every earlier job of it measured, not only the last
-        # job's own (docs/jpa.md, session 11)
+        # job's own (docs/jpa-log.md, session 11)
         self.pool_priors = pool_priors
         # every running job's prior is its model's readings so far, the other running jobs' and
         # the finished jobs', not a snapshot of one job's (the default since session 13; out of
-        # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa.md)
+        # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa-log.md, session 13)
         self.share_readings = share_readings
         # a long job whose estimate expects no gain past its largest measured size (its best)
         # is run at twice it once, on idle nodes: a pessimistic extrapolation is never checked
         # else (the default since session 26: out of sample +0.02 / +0.03 points, neutral; the
-        # traced staircases +6.0 and +10.6 in samples; docs/jpa.md)
+        # traced staircases +6.0 and +10.6 in samples; docs/jpa-log.md, session 26)
         self.check_beyond = check_beyond
+        # past a measured fall (a peak read), no size beyond the explored ones is planned above
+        # the best rate read; opt-in: neutral on the tuning seeds (-0.01 / -0.08 points), decision-
+        # time curve error on ``peak`` 0:512 51 % -> 12 % (docs/jpa-log.md, session 29)
+        self.fall_cap = fall_cap
         self._pools: dict[str, tuple[tuple, CurveEstimate]] = {}  # job -> (stamp, its pool)
         self._released: dict[str, int] = {}
         # other models' measured shapes: where a sparsely measured job should go next
@@ -349,7 +357,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         tie-break gave them all to one job: its first reading came at whatever number of nodes
         was spare (64 on the ``composite`` family, at 0.41x its one-node rate), a size no plan
         would choose, while the other unknown jobs waited. Concave, the nodes go first one to
-        each job, then evenly (docs/jpa.md, session 19)."""
+        each job, then evenly (docs/jpa-log.md, session 19)."""
         hit = self._placeholders.get(job_id)
         if hit is not None and hit[0] == (n_tab, eps):
             return hit[1]
@@ -376,7 +384,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         factor = self.explore_factor
         # a model-free estimate is extrapolated as far as a fitted one: its flat mean and wide
         # sigma past the largest measured size already keep the optimism modest; holding it to
-        # one doubling blocked growths the true curves pay for (docs/jpa.md, decision efficiency)
+        # one doubling blocked growths the true curves pay for (docs/jpa-log.md, decision efficiency)
         if short:  # too little work left to pay for measuring a new size: stay where measured
             factor = 1.0
         if factor is not None:
@@ -408,6 +416,8 @@ class JobProfilingAdvisor(CurveAdvisor):
             psd = np.hypot(pop.sd[1 : n_tab + 1], noise * pop.mean[1 : n_tab + 1])
             beyond = (n > top) & (n <= pop.support)  # unmeasured by the job, measured by others
             ucb[beyond] = np.minimum(ucb[beyond], (pop.mean[1 : n_tab + 1] + kappa * psd)[beyond])
+        if self.fall_cap:
+            ucb = _cap_past_fall(ucb, est, [m for m in explored if m <= min(n_tab, est.n_max)])
         plan = np.maximum(ucb, 0.0)
         if limit < n_tab:
             plan[limit:] = plan[limit - 1]
@@ -699,7 +709,7 @@ class JobProfilingAdvisor(CurveAdvisor):
         An estimate that expects a job to gain nothing past what it measured is never checked:
         the allocator does not go there, so no reading contradicts it. A staircase read at an
         odd size looks like a peak (zoo ``step``: 1.55x at 2 nodes, 1.59x at 3, truly 3.05x at
-        4 and linear on, planned to decline and held at 2 nodes for 10,000 s; docs/jpa.md,
+        4 and linear on, planned to decline and held at 2 nodes for 10,000 s; docs/jpa-log.md,
         session 26). Only jobs whose remaining work at their best rate lasts ``CHECK_MIN_S``
         are checked (a check holds the size for two readings), only at a size no job of the
         model measured, and only on idle nodes, which no job's plan wanted. A job that runs at
@@ -740,6 +750,34 @@ class JobProfilingAdvisor(CurveAdvisor):
             idle -= size - cur
             log.info("job %r: checking %d nodes (estimate %.3g/s, best measured %.3g/s)",
                      rec.job_id, size, float(est.mean[size]), best)
+
+
+def _cap_past_fall(ucb: np.ndarray, est: CurveEstimate, explored: Sequence[int]) -> np.ndarray:
+    """Past a measured fall, plan no size beyond the explored ones above the best rate read.
+
+    A job read slower at its largest explored size (its own or its prior's) than at its best
+    one, by more than two standard errors, has passed a peak: sigma growing per doubling past
+    the largest size still planned sizes 3-4x larger at up to 1.7x the best rate read (``peak``
+    0:512 seed 0: a 12-node peak sent to 42 and 44 nodes, where it ran at 5 % of that plan).
+    The estimate's mean may still rise there (a fitted structure that expects it); its sigma
+    bonus may not lift a size past the best rate read. A fall from one node is not a peak but
+    the network joining (zoo ``dip``: the rate passes one node's again at 3-5 nodes); capped
+    there too, ``dip`` 0:128 lost 1.9 points in samples on the tuning seeds (session 29)."""
+    if len(explored) < 2:
+        return ucb
+    means = np.array([est.mean[m] for m in explored])
+    best = int(np.argmax(means))
+    top = len(explored) - 1
+    if best == top or explored[best] < 2:  # a fall from one node is the network joining: a dip
+        return ucb
+    se = math.hypot(float(est.sigma[explored[best]]), float(est.sigma[explored[top]]))
+    if means[best] - means[top] <= 2 * se:
+        return ucb
+    out = ucb.copy()
+    n_top = explored[top]
+    past = slice(n_top, out.size)  # ucb[i] is the plan at i + 1 nodes
+    out[past] = np.minimum(out[past], np.maximum(est.mean[n_top + 1 : out.size + 1], means[best]))
+    return out
 
 
 def _remaining_s(rec: JobRecord, rate: float) -> float:

@@ -1,7 +1,7 @@
 """Decision efficiency: how good each of the JPA-driven policy's decisions is, by the true curves.
 
 End-of-replay totals are chaotic (one job held back early changes which jobs run hours later;
-docs/jpa.md), so they cannot tell a better JPA from a luckier one. This measures every decision
+docs/jpa-log.md), so they cannot tell a better JPA from a luckier one. This measures every decision
 on its own, in the state it was taken in: :class:`DecisionAudit` wraps the policy, passes its
 answer through unchanged, and scores it with the allocator's own objective
 (:func:`~malleparsl.allocator.objective.job_values`: ``Tfwd x rate - rescale cost``, BFTrainer's,

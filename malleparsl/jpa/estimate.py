@@ -84,7 +84,7 @@ admitted without a drop. A cost per step once the network joins (a ring all-redu
 does not grow with the nodes) and a serial fraction read the same at two sizes, but the first
 then grows linearly and the second saturates: a job that read 1.08x at 2 nodes was planned
 flat and held at one node, while its true curve grew at 59 % from 2 nodes on (zoo ``step``
-0:128 seed 1: 90 % of the oracle in samples; docs/jpa.md, session 25). ImageNet's smooth
+0:128 seed 1: 90 % of the oracle in samples; docs/jpa-log.md, session 25). ImageNet's smooth
 curves read 92-100 % at 2 nodes."""
 
 
@@ -95,7 +95,7 @@ def _first_step(sizes: np.ndarray, rates: np.ndarray) -> tuple[bool, bool]:
     they let grow again); a weak step the ``net`` terms only. Where the step is near linear,
     ``compute`` alone describes what ``compute + net`` would fit there, and the ensemble would
     count linear growth twice against the saturating structures: admitted always, it cost
-    ImageNet at 0:512 1.6 points, one run below 98 % (docs/jpa.md, session 15); a split
+    ImageNet at 0:512 1.6 points, one run below 98 % (docs/jpa-log.md, session 15); a split
     structure would repeat its unsplit one. ``sizes``/``rates``: :func:`_point_means` (each
     point counts by its readings, or pseudo-count)."""
     if sizes.size < 2 or sizes[0] != 1:
@@ -107,13 +107,13 @@ FLOOR_EXTRA = 2
 """Distinct sizes a bounded structure needs beyond its coefficients: a bound fits any rates at
 as many sizes as it has coefficients, flat past the largest, so it would hold every job there;
 with sizes to spare, readings that still rise reject it (one to spare cost ImageNet's smooth
-curves: a run at 0:128 fell to 97.6 % of the oracle; docs/jpa.md, session 16)."""
+curves: a run at 0:128 fell to 97.6 % of the oracle; docs/jpa-log.md, session 16)."""
 
 FLAT_Z = 2.0
 """A bound is kept only where the readings show one: two or more sizes it holds flat, each
 within ``FLAT_Z`` standard errors of the floor. A falling part (past a peak) or a weak scaler's
 scatter is not a bound; nor is one size below the rising terms, which any concave curve gives
-a linear rise (docs/jpa.md, session 17)."""
+a linear rise (docs/jpa-log.md, session 17)."""
 
 
 def _two_sizes_could_agree(rates: np.ndarray, tol: np.ndarray) -> bool:
@@ -288,7 +288,7 @@ def gap_sd(n: np.ndarray, sizes: np.ndarray, rates: np.ndarray, mean: np.ndarray
     """What may hide between two measured sizes (a dip or a peak): 0 at them and outside them,
     peaking midway at :data:`GAP_SIGMA` of ``mean`` plus half the step between the neighbours'
     ``rates``. Only the model-free estimate uses it: added to a fitted estimate's planning
-    sigma it cost 0.25-0.5 points on the zoo (docs/jpa.md, session 28)."""
+    sigma it cost 0.25-0.5 points on the zoo (docs/jpa-log.md, session 28)."""
     if sizes.size < 2:
         return np.zeros_like(mean, dtype=float)
     idx = np.clip(np.searchsorted(sizes, n), 1, sizes.size - 1)

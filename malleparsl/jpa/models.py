@@ -47,7 +47,7 @@ nodes runs in two regimes (one node; the network joined), and from two nodes on 
 saturate or peak as any other. ``compute + net`` is the split linear structure and
 ``compute + net + net_tree`` the split ``compute + net_tree``; the split saturating and peaking
 structures are their alternatives, without which every dip was extrapolated linearly with
-little spread (docs/jpa.md, session 21). They are admitted only after a drop, as ``net``.
+little spread (docs/jpa-log.md, session 21). They are admitted only after a drop, as ``net``.
 
 The structures are nested subsets of the terms; the :mod:`~malleparsl.jpa.estimate` module
 weighs them against each other for an uncertainty.
@@ -301,16 +301,16 @@ SPAN = ThroughputModel("amdahl+span", ("compute", "serial", "span"))
 TREE = ThroughputModel("amdahl+tree", ("compute", "serial", "tree"))
 SYNC = ThroughputModel("amdahl+sync", ("compute", "serial", "sync"))
 NET = ThroughputModel("compute+net", ("compute", "net"))
-# a dip that grows again less than linearly (a weak scaler's tree all-reduce; docs/jpa.md, session 18)
+# a dip that grows again less than linearly (a weak scaler's tree all-reduce; docs/jpa-log.md, session 18)
 NET_TREE = ThroughputModel("compute+net+net_tree", ("compute", "net", "net_tree"))
 # the five strong-scaling terms: with ``net`` as a sixth, ImageNet at 0:512 lost 2.3-3.4 points
-# (docs/jpa.md, session 15); ``net`` has its own structure, admitted after a drop (estimate)
+# (docs/jpa-log.md, session 15); ``net`` has its own structure, admitted after a drop (estimate)
 FULL = ThroughputModel("full", ("compute", "serial", "span", "tree", "sync"))
-# a knee: admitted where two sizes read one floor (estimate; docs/jpa.md, session 17)
+# a knee: admitted where two sizes read one floor (estimate; docs/jpa-log.md, session 17)
 BOUND = ThroughputModel("compute+bound", ("compute",), floor=True)
 BOUND_AMDAHL = ThroughputModel("amdahl+bound", ("compute", "serial"), floor=True)
 
-# past a drop, the curve from two nodes on saturates or peaks as any other (docs/jpa.md,
+# past a drop, the curve from two nodes on saturates or peaks as any other (docs/jpa-log.md,
 # session 21): the split linear and ``net_tree`` structures are ``NET`` and ``NET_TREE``
 DIP_AMDAHL, DIP_PEAK, DIP_RING, DIP_TREE, DIP_SYNC = (
     ThroughputModel(f"{m.name}, dip", m.terms, split=True) for m in (AMDAHL, PEAK, RING, TREE, SYNC))

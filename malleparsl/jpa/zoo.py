@@ -151,7 +151,7 @@ _STREAMS: tuple[str, ...] = (
     "composite",
 )
 """Each family's random stream number: a family added later takes the next one, so the curves of
-the families before it stay those every figure in docs/jpa.md was measured on."""
+the families before it stay those every figure in docs/jpa-log.md was measured on."""
 
 HELD_OUT: frozenset[str] = frozenset({"step", "noisy", "published", "composite"})
 """Families never used while tuning the JPA; benchmarks report them apart."""

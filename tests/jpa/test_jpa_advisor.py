@@ -385,7 +385,7 @@ def _flat_past_16(release_flat: bool, n_nodes: int):
 def test_with_no_node_idle_a_job_past_its_knee_is_held_to_the_size_as_fast():
     """Nodes past a plateau add nothing, but the allocator keeps them (a shrink costs a pause):
     on the zoo at 0:512 the JPA held 10-16 % of its node-seconds past the jobs' knees, most
-    while no node was idle (docs/jpa.md, session 9). With ``release_flat`` and every node
+    while no node was idle (docs/jpa-log.md, session 9). With ``release_flat`` and every node
     held, the job's view is capped at the smallest size expected as fast as it measured."""
     jpa, view = _flat_past_16(True, 32)
     assert 8 < view.hi < 32
@@ -668,3 +668,42 @@ def test_a_check_is_not_made_for_a_short_job_nor_on_nodes_others_hold(case):
     total = 0.5 * CHECK_MIN_S * 159.0 if case == "short" else 1e12
     jpa, ctl, _ = _staircase_read(16, total=total, busy=case == "busy", check_beyond=True)
     assert jpa.probe_requests() == {} and not jpa.records["j"].checked
+
+
+def _peak_read(**kw):
+    """A job that read a rise to a 12-node peak and a fall at 16 nodes (zoo ``peak``)."""
+    jpa, ctl = make(n_nodes=64, **kw)
+    ctl.submit(JobSpec("p", max_nodes=64, rescale_up_s=1.0), now_s=0)
+    ctl.replan(now_s=0)
+    t = 0.0
+    for n, rate in ((1, 100.0), (2, 190.0), (4, 360.0), (8, 600.0), (12, 700.0), (16, 560.0)):
+        for _ in range(2):
+            t += 300.0
+            jpa.observe("p", n, rate, t)
+    return jpa, jpa.records["p"]
+
+
+def test_past_a_measured_fall_no_size_is_planned_above_the_best_rate_read():
+    """Sigma growing per doubling past the largest size planned a job that had read its peak
+    and a fall after it at up to 1.7x its best rate 3-4x further out (``peak`` 0:512 seed 0: a
+    12-node peak sent to 42 and 44 nodes, where it ran at 5 % of that plan)."""
+    jpa, rec = _peak_read(fall_cap=True)
+    plan = jpa.planning_curve(rec, 64).rates_upto(64)
+    assert plan[17:].max() <= 700.0 * 1.001
+    assert plan[12] == pytest.approx(700.0, rel=0.05)  # measured sizes keep what they read
+    off, rec_off = _peak_read(fall_cap=False)
+    assert off.planning_curve(rec_off, 64).rates_upto(64)[17:].max() > 1.2 * 700.0
+
+
+def test_a_fall_from_one_node_is_a_dip_and_leaves_the_plan_past_it_optimistic():
+    """A drop when the job first spans two nodes is the network joining (zoo ``dip``: it passes
+    the one-node rate again at 3-5 nodes): no cap there (capped, ``dip`` 0:128 lost 1.9 points)."""
+    jpa, ctl = make(n_nodes=16, fall_cap=True)
+    ctl.submit(JobSpec("d", max_nodes=16, rescale_up_s=1.0), now_s=0)
+    ctl.replan(now_s=0)
+    t = 0.0
+    for n, rate in ((1, 100.0), (1, 100.0), (2, 70.0), (2, 70.0)):
+        t += 300.0
+        jpa.observe("d", n, rate, t)
+    plan = jpa.planning_curve(jpa.records["d"], 16).rates_upto(16)
+    assert plan[4] > 1.1 * 100.0  # the mean there is below one node's rate; its sigma may lift it

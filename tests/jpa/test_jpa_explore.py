@@ -130,6 +130,7 @@ def test_a_new_model_jumps_to_the_best_size_the_population_expects():
 
 
 def test_the_shape_prior_is_off_by_default():
-    """Measured on the zoo it did not beat the ladder (docs/jpa.md), so it is opt-in."""
+    """Measured on the zoo it did not beat the ladder (docs/jpa-log.md, "The 0:512 walk and the
+    shape prior"), so it is opt-in."""
     assert JobProfilingAdvisor().shapes is None
     assert JobProfilingAdvisor(shape_prior=True).shapes is not None

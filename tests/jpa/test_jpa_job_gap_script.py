@@ -1,5 +1,5 @@
 """``scripts/jpa_job_gap.py``: the per-job split of a run's gap is exact, and the advisor's view
-is printed at the decisions asked for (docs/jpa.md, session 22)."""
+is printed at the decisions asked for (docs/jpa-log.md, session 22)."""
 
 from __future__ import annotations
 

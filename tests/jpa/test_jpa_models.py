@@ -157,7 +157,7 @@ def test_a_dip_that_keeps_growing_is_planned_growing():
     and 1.75 at 2, 3, 4 and 8 nodes) misfits every strong-scaling structure and ``compute + net`` (whose
     growth after the drop is proportional to n), so its estimate was model-free and flat past
     the largest size read: 1.75x at 16 nodes where the truth is 3.15x, below the ~3x a grow
-    must pay within the allocator's ``Tfwd`` (docs/jpa.md, sessions 14 and 18). A tree's
+    must pay within the allocator's ``Tfwd`` (docs/jpa-log.md, sessions 14 and 18). A tree's
     latency per step (log2(n)/n) draws this growth, and the points still hold."""
     truth = lambda n: np.where(np.asarray(n) >= 2, 0.35 + 0.175 * np.asarray(n, float), 1.0)  # noqa: E731
     n = np.array([1, 2, 3, 4, 8], float)
@@ -245,7 +245,7 @@ def test_a_dip_that_then_saturates_is_not_extrapolated_linearly():
     """The issue's curves drop at two nodes and then saturate or peak. Read at 1, 2, 4 and 8
     nodes, such a curve was fitted by ``compute + net`` alone (the only structure that drew the
     dip), extrapolated linearly with little spread, and the allocator gave those jobs the few
-    idle nodes of the 0:128 slice (docs/jpa.md, session 20: 5.0x at 16 nodes, 9.8x at 32). The
+    idle nodes of the 0:128 slice (docs/jpa-log.md, session 20: 5.0x at 16 nodes, 9.8x at 32). The
     split saturating structures fit the same points and disagree past them. Here: Amdahl
     (p = 0.9) plus a cost per step from two nodes that loses 30 % there."""
     t = lambda n: np.where(np.asarray(n) >= 2, 0.1 + (0.9 + 1.757) / np.asarray(n, float), 1.0)  # noqa: E731
@@ -285,7 +285,7 @@ def test_past_a_knee_the_estimate_is_flat_and_between_it_rises_to_it():
     """Readings at 1, 4, 16, 32 and 64 nodes of a curve flat from 19: the smooth structures
     put 12 % too little at 19 and 9 % too much at 32 (the estimate without the bounds, below);
     with them, every size from 16 to 64 is within 3 %. The zoo's ``plateau`` at 0:512 lost
-    most where jobs were held below or grown past such a knee (docs/jpa.md, sessions 16-17)."""
+    most where jobs were held below or grown past such a knee (docs/jpa-log.md, sessions 16-17)."""
     f = input_bound(1000.0, 0.9, 19)
     n = np.array([1, 4, 16, 32, 64], float)
     s = Samples.of(n, f(n), [2.0] * n.size)
@@ -379,7 +379,7 @@ def test_without_a_drop_the_dip_structures_change_nothing(curve, noise, seed):
 def test_a_bound_needs_readings_that_show_one(name, rates):
     """A bound holds a job flat past its knee, so it is kept only where the readings show one:
     two or more sizes that agree with its floor within their noise. Fitted to a falling part or
-    to scatter it held jobs too small (docs/jpa.md, sessions 16-17)."""
+    to scatter it held jobs too small (docs/jpa-log.md, sessions 16-17)."""
     n = np.array([1, 4, 8, 16, 32], float) if name != "a weak scaler's scatter" else np.arange(1.0, 6.0)
     est = estimate(Samples.of(n, rates), n_max=64, noise_rel=0.03)
     assert not bounds_kept(est)

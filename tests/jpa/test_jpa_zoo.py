@@ -76,7 +76,7 @@ def test_composite_has_every_feature_the_issue_names_in_its_curves():
 
 
 def test_a_family_added_later_leaves_the_others_curves_as_they_were():
-    """Each family draws from its own stream: every figure in docs/jpa.md stays reproducible."""
+    """Each family draws from its own stream: every figure in docs/jpa-log.md stays reproducible."""
     assert family_curves("dip", seed=0)[0].rate(2) == pytest.approx(1779.2949509724212, rel=1e-12)
     assert family_curves("step", seed=0)[0].rate(1) == pytest.approx(1930.9752392674798, rel=1e-12)
     assert family_curves("rates", seed=0)[0].rate(1) == pytest.approx(0.715178175073471, rel=1e-12)

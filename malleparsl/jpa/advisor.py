@@ -171,7 +171,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         self.pool_priors = pool_priors
         # every running job's prior is its model's readings so far, the other running jobs' and
         # the finished jobs', not a snapshot of one job's (the default since session 13; out of
-        # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa-log.md, session 13)
+        # sample, 0:512 seeds 4-11: +1.12 points in samples, +0.06 in progress; docs/jpa-log.md,
+        # session 13)
         self.share_readings = share_readings
         # a long job whose estimate expects no gain past its largest measured size (its best)
         # is run at twice it once, on idle nodes: a pessimistic extrapolation is never checked
@@ -179,8 +180,8 @@ class JobProfilingAdvisor(CurveAdvisor):
         # traced staircases +6.0 and +10.6 in samples; docs/jpa-log.md, session 26)
         self.check_beyond = check_beyond
         # past a measured fall (a peak read), no size beyond the explored ones is planned above
-        # the best rate read; opt-in: neutral on the tuning seeds (-0.01 / -0.08 points), decision-
-        # time curve error on ``peak`` 0:512 51 % -> 12 % (docs/jpa-log.md, session 29)
+        # the best rate read; opt-in: neutral on the tuning seeds (-0.01 / -0.08 points), the
+        # decision-time curve error on ``peak`` 0:512 46 % -> 29 % (docs/jpa-log.md, session 29)
         self.fall_cap = fall_cap
         self._pools: dict[str, tuple[tuple, CurveEstimate]] = {}  # job -> (stamp, its pool)
         self._released: dict[str, int] = {}
@@ -761,8 +762,8 @@ def _cap_past_fall(ucb: np.ndarray, est: CurveEstimate, explored: Sequence[int])
     0:512 seed 0: a 12-node peak sent to 42 and 44 nodes, where it ran at 5 % of that plan).
     The estimate's mean may still rise there (a fitted structure that expects it); its sigma
     bonus may not lift a size past the best rate read. A fall from one node is not a peak but
-    the network joining (zoo ``dip``: the rate passes one node's again at 3-5 nodes); capped
-    there too, ``dip`` 0:128 lost 1.9 points in samples on the tuning seeds (session 29)."""
+    the network joining (zoo ``dip``: the rate passes one node's again at 3-5 nodes); capping
+    that too cost ``dip`` 0:128 1.9 points in samples on the tuning seeds (session 29)."""
     if len(explored) < 2:
         return ucb
     means = np.array([est.mean[m] for m in explored])
